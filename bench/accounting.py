@@ -1,0 +1,70 @@
+"""Weight-free accounting: exact parameter counts and FLOPs per image, computed on the meta device.
+
+FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` (2·M·N·K per matmul, attention
+included) while the real sampling loop runs on meta tensors: no weights, no memory, and whatever a
+token policy or a pruned model changes is counted as it runs.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from bench.models.generator import Generator
+
+
+def count_params(module: torch.nn.Module) -> int:
+    """Learnable parameters (buffers such as the attention mask are not parameters)."""
+    return sum(p.numel() for p in module.parameters())
+
+
+def _meta_copy(gen: Generator) -> Generator:
+    if gen.device.type == "meta":
+        return gen
+    with torch.device("meta"):
+        return Generator(type(gen.var)(gen.var.cfg), type(gen.vae)(gen.vae.cfg), name=gen.name,
+                         token_policy=gen.token_policy)
+
+
+def sampling_flops(gen: Generator, cfg: Optional[float] = 1.5, **sampling) -> int:
+    """Transformer FLOPs (blocks, head, embeddings) to sample one image; ``cfg=None`` = no CFG doubling."""
+    g = _meta_copy(gen)
+    fc = FlopCounterMode(display=False)
+    with fc:
+        g.sample_tokens(torch.zeros(1, dtype=torch.long, device="meta"), seed=None, cfg=cfg,
+                        top_k=sampling.get("top_k", 900), top_p=sampling.get("top_p", 0.96))
+    return int(fc.get_total_flops())
+
+
+def decode_flops(gen: Generator) -> int:
+    """VQVAE decoder FLOPs for one image (post_quant_conv + decoder)."""
+    g = _meta_copy(gen)
+    pn = g.patch_nums[-1]
+    fc = FlopCounterMode(display=False)
+    with fc, torch.no_grad():
+        g.vae.fhat_to_img(torch.zeros(1, g.vae.Cvae, pn, pn, device="meta"))
+    return int(fc.get_total_flops())
+
+
+def info(gen: Generator, name: str = "", image_size: Optional[int] = None) -> dict:
+    """The ``varbench info --json`` object (DESIGN.md §5; keys are a contract)."""
+    cfg = gen.var.cfg
+    return {
+        "model": name or gen.name,
+        "params": count_params(gen.var),
+        "tokenizer_params": count_params(gen.vae),
+        "flops": sampling_flops(gen, cfg=1.5),
+        "flops_no_cfg": sampling_flops(gen, cfg=None),
+        "tokenizer_decode_flops": decode_flops(gen),
+        "tokens_per_scale": [pn * pn for pn in gen.patch_nums],
+        "patch_nums": list(gen.patch_nums),
+        "total_tokens": gen.var.L,
+        "image_size": image_size,
+        "depth": cfg.depth,
+        "width": cfg.width,
+        "heads": [cfg.block_heads(i) for i in range(cfg.depth)],
+        "ffn_hidden": [cfg.block_ffn(i) for i in range(cfg.depth)],
+        "attn_l2_norm": cfg.attn_l2_norm,
+        "vocab_size": cfg.vocab_size,
+    }

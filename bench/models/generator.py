@@ -1,0 +1,149 @@
+"""A VAR-family generator: the transformer, its VQVAE, and the sampling loop.
+
+``Generator.generate`` is the official ``VAR.autoregressive_infer_cfg`` (FoundationVision/VAR
+``models/var.py``) step by step: CFG on a doubled batch [cond; uncond] with the linear ramp
+t = cfg·si/(K−1) (logits = (1+t)·cond − t·uncond), top-k then top-p filtering, one multinomial draw
+per token from a seeded ``torch.Generator``, f_hat += φ(bicubic-up(embed(idx))), next-scale input =
+area-downsampled f_hat. Images come back as uint8 [B, 3, H, W] (``x·255 + 0.5`` clamped, as saving a
+PNG with torchvision does).
+
+Deviation: one seed per call seeds one generator for the whole batch, as official (``g_seed``); the
+runner derives per-batch seeds from the run seed.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from bench.models.policy import TokenPolicy
+from bench.models.var import VAR
+from bench.models.vqvae import VQVAE
+
+
+def top_k_top_p_filter_(logits_BlV: torch.Tensor, top_k: int = 0, top_p: float = 0.0) -> torch.Tensor:
+    """In place: keep the top-k logits, then the smallest set whose probability mass exceeds top_p."""
+    V = logits_BlV.shape[-1]
+    if top_k > 0:
+        kth_Bl1 = logits_BlV.topk(min(top_k, V), dim=-1, largest=True, sorted=False)[0].amin(dim=-1, keepdim=True)
+        logits_BlV.masked_fill_(logits_BlV < kth_Bl1, -torch.inf)
+    if top_p > 0:
+        sorted_BlV, order_BlV = logits_BlV.sort(dim=-1, descending=False)
+        drop_sorted = sorted_BlV.softmax(dim=-1).cumsum_(dim=-1) <= (1 - top_p)
+        drop_sorted[..., -1:] = False   # always keep the most likely token
+        logits_BlV.masked_fill_(drop_sorted.scatter(-1, order_BlV, drop_sorted), -torch.inf)
+    return logits_BlV
+
+
+def sample_top_k_top_p(logits_BlV: torch.Tensor, top_k: int, top_p: float, rng: Optional[torch.Generator]) -> torch.Tensor:
+    B, l, V = logits_BlV.shape
+    probs = top_k_top_p_filter_(logits_BlV, top_k, top_p).softmax(dim=-1).view(-1, V)
+    return torch.multinomial(probs, num_samples=1, replacement=True, generator=rng).view(B, l)
+
+
+def gumbel_softmax_rng(logits: torch.Tensor, tau: float, rng: Optional[torch.Generator]) -> torch.Tensor:
+    gumbels = -torch.empty_like(logits).exponential_(generator=rng).log()
+    return ((logits + gumbels) / tau).softmax(-1)
+
+
+def to_uint8(img_B3HW_01: torch.Tensor) -> torch.Tensor:
+    return img_B3HW_01.mul(255).add_(0.5).clamp_(0, 255).to(torch.uint8)
+
+
+class Generator(nn.Module):
+    def __init__(self, var: VAR, vae: VQVAE, name: str = "", token_policy: Optional[TokenPolicy] = None):
+        super().__init__()
+        if tuple(var.patch_nums) != tuple(vae.patch_nums) or var.V != vae.V or var.Cvae != vae.Cvae:
+            raise ValueError(f"transformer and VQVAE disagree: patch_nums {var.patch_nums} vs {vae.patch_nums}, "
+                             f"vocab {var.V} vs {vae.V}, Cvae {var.Cvae} vs {vae.Cvae}")
+        self.var, self.vae, self.name = var, vae, name
+        self.token_policy = token_policy or TokenPolicy()
+
+    @property
+    def device(self) -> torch.device:
+        return self.var.pos_1LC.device
+
+    @property
+    def patch_nums(self):
+        return self.var.patch_nums
+
+    # ------------------------------------------------------------------ sampling
+    @torch.no_grad()
+    def sample_tokens(self, labels_B: torch.Tensor, seed: Optional[int] = 0, cfg: Optional[float] = 1.5, top_k: int = 900,
+                      top_p: float = 0.96, more_smooth: bool = False,
+                      logits_hook: Optional[Callable[[int, torch.Tensor], None]] = None):
+        """Returns (token pyramid [list of B×pn² int64], f_hat). ``logits_hook(si, logits)`` sees the
+        raw [cond; uncond] logits of every scale before CFG (used by tests and FID* tools).
+
+        ``cfg=None`` samples without guidance on the conditional batch alone (no doubling); any number,
+        0 included, runs the official doubled batch."""
+        var, quant = self.var, self.vae.quantize
+        labels_B = labels_B.to(self.device)
+        B, K = labels_B.shape[0], len(self.patch_nums)
+        rng = None
+        if seed is not None:
+            rng = torch.Generator(device=self.device)
+            rng.manual_seed(int(seed))
+        guided = cfg is not None
+        cond_2BD = var.cond(torch.cat((labels_B, torch.full_like(labels_B, var.num_classes))) if guided else labels_B)
+        lvl_pos_1LC = var.lvl_pos()
+        x_BLC = var.first_tokens(cond_2BD)
+        f_hat = cond_2BD.new_zeros(B, var.Cvae, self.patch_nums[-1], self.patch_nums[-1])
+        policy, tokens, cur_L = self.token_policy, [], 0
+        policy.begin(B, self.patch_nums)
+        var.kv_caching(True)
+        try:
+            for si, pn in enumerate(self.patch_nums):
+                ratio = si / (K - 1)
+                cur_L += pn * pn
+                policy.begin_scale(si, pn)
+                x_BLC = var.run_blocks(x_BLC, cond_2BD, None, policy.route(si))
+                policy.end_scale(si, x_BLC)
+                logits_2BlV = var.get_logits(x_BLC, cond_2BD)
+                if logits_hook is not None:
+                    logits_hook(si, logits_2BlV)
+                if guided:
+                    t = cfg * ratio   # CFG ramps linearly with the scale index (official)
+                    logits_BlV = (1 + t) * logits_2BlV[:B] - t * logits_2BlV[B:]
+                else:
+                    logits_BlV = logits_2BlV
+                idx_Bl = sample_top_k_top_p(logits_BlV, top_k, top_p, rng)
+                tokens.append(idx_Bl)
+                if not more_smooth:
+                    h_BlC = quant.embedding(idx_Bl)
+                else:  # visualisation only (official: never for FID/IS)
+                    tau = max(0.27 * (1 - ratio * 0.95), 0.005)
+                    h_BlC = gumbel_softmax_rng(logits_BlV.mul(1 + ratio), tau, rng) @ quant.embedding.weight.unsqueeze(0)
+                h_BChw = h_BlC.transpose(1, 2).reshape(B, var.Cvae, pn, pn)
+                f_hat, next_BChw = quant.next_input(si, f_hat, h_BChw)
+                if si != K - 1:
+                    pn_next = self.patch_nums[si + 1]
+                    x_BLC = var.word_embed(next_BChw.flatten(2).transpose(1, 2)) + lvl_pos_1LC[:, cur_L:cur_L + pn_next ** 2]
+                    if guided:
+                        x_BLC = x_BLC.repeat(2, 1, 1)   # the CFG batch
+        finally:
+            var.kv_caching(False)
+        return tokens, f_hat
+
+    @torch.no_grad()
+    def generate(self, labels_B: torch.Tensor, seed: Optional[int] = 0, cfg: Optional[float] = 1.5, top_k: int = 900,
+                 top_p: float = 0.96, more_smooth: bool = False) -> torch.Tensor:
+        """Class-conditional images, uint8 [B, 3, H, W]."""
+        _, f_hat = self.sample_tokens(labels_B, seed, cfg, top_k, top_p, more_smooth)
+        return to_uint8(self.vae.fhat_to_img(f_hat).add_(1).mul_(0.5))
+
+    # ------------------------------------------------------------------ teacher forcing
+    def forward_teacher(self, labels_B: torch.Tensor, tokens: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Logits [B, L, V] of the whole token pyramid under the block-causal mask."""
+        return self.var(labels_B, self.vae.quantize.idx_to_var_input(tokens))
+
+    def tokenize(self, img_B3HW_pm1: torch.Tensor) -> List[torch.Tensor]:
+        with torch.no_grad():
+            return self.vae.img_to_idx(img_B3HW_pm1)
+
+    def loss(self, labels_B: torch.Tensor, tokens: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Mean token cross-entropy over all scales (VAR training loss)."""
+        logits_BLV = self.forward_teacher(labels_B, tokens)
+        return F.cross_entropy(logits_BLV.flatten(0, 1), torch.cat(tokens, dim=1).flatten())

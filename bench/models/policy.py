@@ -1,0 +1,51 @@
+"""Per-scale token policies: the hook that token methods (FastVAR, LazyVAR, StepVAR, ToMe) plug into.
+
+During sampling, every block's attention and FFN sub-layer is called through
+``policy.sublayer(si, kind, block_idx, h_BLC, fn)``. The default splits that call into the three
+steps of DESIGN.md §4 — ``select`` the tokens to compute (None = all), run ``fn`` on the kept
+tokens only, ``restore`` a full-length output — so a method overrides only the step it changes and
+no model file is edited. The identity policy computes every token and is bit-identical to having no
+policy at all (tests/test_sampling.py).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+
+class TokenPolicy:
+    """Identity policy. Subclasses override ``select`` / ``restore`` (and the scale callbacks)."""
+
+    name = "identity"
+
+    def begin(self, batch: int, patch_nums) -> None:
+        """Called once per sampling call, before scale 0."""
+
+    def begin_scale(self, si: int, pn: int) -> None:
+        """Called before the blocks run on scale ``si`` (a ``pn × pn`` token map)."""
+
+    def end_scale(self, si: int, x_BLC: torch.Tensor) -> None:
+        """Called with the last block's output of scale ``si``."""
+
+    def select(self, si: int, kind: str, block_idx: int, h_BLC: torch.Tensor) -> Optional[torch.Tensor]:
+        """Indices [B, l] of the tokens to compute, or None for all of them."""
+        return None
+
+    def restore(self, si: int, kind: str, block_idx: int, h_BLC: torch.Tensor, keep_Bl: torch.Tensor,
+                out_BlC: torch.Tensor) -> torch.Tensor:
+        """Full-length output from the kept tokens' output. Default: dropped tokens get zero update."""
+        out = out_BlC.new_zeros(h_BLC.shape[0], h_BLC.shape[1], out_BlC.shape[-1])
+        return out.scatter(1, keep_Bl.unsqueeze(-1).expand(-1, -1, out_BlC.shape[-1]), out_BlC)
+
+    def sublayer(self, si: int, kind: str, block_idx: int, h_BLC: torch.Tensor,
+                 fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        keep_Bl = self.select(si, kind, block_idx, h_BLC)
+        if keep_Bl is None:
+            return fn(h_BLC)
+        h_BlC = h_BLC.gather(1, keep_Bl.unsqueeze(-1).expand(-1, -1, h_BLC.shape[-1]))
+        return self.restore(si, kind, block_idx, h_BLC, keep_Bl, fn(h_BlC))
+
+    def route(self, si: int):
+        """The ``route`` callable handed to the blocks for scale ``si``."""
+        return lambda kind, block_idx, h, fn: self.sublayer(si, kind, block_idx, h, fn)

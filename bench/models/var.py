@@ -1,0 +1,272 @@
+"""The VAR transformer (FoundationVision/VAR ``models/var.py``, ``basic_var.py``), config-driven.
+
+Module names and ``state_dict`` keys equal the official ``var_d{16,20,24,30}.pth`` so those files
+load with ``strict=True``. Two generalisations keep the same keys but allow physically pruned models:
+each block may have its own head count (``heads``) and FFN width (``ffn_hidden``). The VQVAE is not a
+submodule (as official: it is not in ``var_d*.pth``); ``bench.models.generator`` pairs the two.
+
+Shapes are named in variables: B batch, L tokens, C width, H heads, c head dim, V vocabulary.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Callable, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# route(kind, block_idx, h_BLC, fn) -> out_BLC: the per-scale token-policy hook (DESIGN.md §4).
+Route = Optional[Callable[[str, int, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class VARConfig:
+    depth: int = 16
+    width: int = 1024                       # C; official: 64·depth
+    num_heads: int = 16                     # official: depth (head dim 64)
+    mlp_ratio: float = 4.0
+    num_classes: int = 1000
+    vocab_size: int = 4096                  # V (from the VQVAE)
+    Cvae: int = 32
+    patch_nums: Tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
+    attn_l2_norm: bool = True
+    shared_aln: bool = False
+    norm_eps: float = 1e-6
+    cond_drop_rate: float = 0.1
+    drop_path_rate: float = 0.0             # official: 0.1·depth/24 when training
+    # Per-block sizes of physically pruned models; None = the dense sizes above.
+    heads: Optional[Tuple[int, ...]] = None
+    ffn_hidden: Optional[Tuple[int, ...]] = None
+    head_dim: Optional[int] = None          # default width // num_heads
+
+    @classmethod
+    def official(cls, depth: int, **kw) -> "VARConfig":
+        return cls(depth=depth, width=64 * depth, num_heads=depth, **kw)
+
+    def block_heads(self, i: int) -> int:
+        return self.heads[i] if self.heads is not None else self.num_heads
+
+    def block_ffn(self, i: int) -> int:
+        return self.ffn_hidden[i] if self.ffn_hidden is not None else round(self.width * self.mlp_ratio)
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.width // self.num_heads
+
+    @property
+    def L(self) -> int:
+        return sum(pn * pn for pn in self.patch_nums)
+
+    def replace(self, **kw) -> "VARConfig":
+        return replace(self, **kw)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, C: int, H: int, c: int, l2_norm: bool):
+        super().__init__()
+        self.H, self.c, self.l2_norm = H, c, l2_norm
+        if l2_norm:
+            # Cosine attention with a learned per-head temperature (init 4, clamped at 100): VAR's
+            # "Attn. Norm." ablation; it stabilises fp16 training (VAR issue #38).
+            self.scale = 1.0
+            self.scale_mul_1H11 = nn.Parameter(torch.full((1, H, 1, 1), 4.0).log())
+            self.max_scale_mul = math.log(100)
+        else:
+            self.scale = 0.25 / math.sqrt(c)
+        self.mat_qkv = nn.Linear(C, 3 * H * c, bias=False)
+        self.q_bias, self.v_bias = nn.Parameter(torch.zeros(H * c)), nn.Parameter(torch.zeros(H * c))
+        self.register_buffer("zero_k_bias", torch.zeros(H * c))   # k has no bias (persistent: in the ckpt)
+        self.proj = nn.Linear(H * c, C)
+        self.cached_k = self.cached_v = None
+        self.caching = False
+
+    def kv_caching(self, enable: bool) -> None:
+        self.caching, self.cached_k, self.cached_v = enable, None, None
+
+    def forward(self, x_BLC: torch.Tensor, attn_bias: Optional[torch.Tensor]) -> torch.Tensor:
+        B, L, _ = x_BLC.shape
+        bias = torch.cat((self.q_bias, self.zero_k_bias, self.v_bias))
+        qkv = F.linear(x_BLC, self.mat_qkv.weight, bias).view(B, L, 3, self.H, self.c)
+        q_BHLc, k_BHLc, v_BHLc = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        if self.l2_norm:
+            scale_mul = self.scale_mul_1H11.clamp_max(self.max_scale_mul).exp()
+            q_BHLc = F.normalize(q_BHLc, dim=-1).mul(scale_mul)
+            k_BHLc = F.normalize(k_BHLc, dim=-1)
+        if self.caching:  # next-scale inference: queries of this scale see all earlier scales
+            if self.cached_k is not None:
+                k_BHLc = torch.cat((self.cached_k, k_BHLc), dim=2)
+                v_BHLc = torch.cat((self.cached_v, v_BHLc), dim=2)
+            self.cached_k, self.cached_v = k_BHLc, v_BHLc
+        mask = None if attn_bias is None else attn_bias.to(q_BHLc.dtype)
+        o_BHLc = F.scaled_dot_product_attention(q_BHLc, k_BHLc, v_BHLc, attn_mask=mask, scale=self.scale)
+        return self.proj(o_BHLc.transpose(1, 2).reshape(B, L, self.H * self.c))
+
+
+class FFN(nn.Module):
+    def __init__(self, C: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(C, hidden)
+        self.act = nn.GELU(approximate="tanh")
+        self.fc2 = nn.Linear(hidden, C)
+
+    def forward(self, x_BLC):
+        return self.fc2(self.act(self.fc1(x_BLC)))
+
+
+class DropPath(nn.Module):
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x_BLC):
+        if not self.training or self.p == 0:
+            return x_BLC
+        keep_B11 = x_BLC.new_empty(x_BLC.shape[0], 1, 1).bernoulli_(1 - self.p).div_(1 - self.p)
+        return x_BLC * keep_B11
+
+
+class AdaLNSelfAttn(nn.Module):
+    """x += γ1·Attn(LN(x)(1+s1)+b1); x += γ2·FFN(LN(x)(1+s2)+b2), (γ1,γ2,s1,s2,b1,b2) = AdaLN(cond)."""
+
+    def __init__(self, cfg: VARConfig, block_idx: int, drop_path: float):
+        super().__init__()
+        C = cfg.width
+        self.block_idx, self.C, self.shared_aln = block_idx, C, cfg.shared_aln
+        self.attn = SelfAttention(C, cfg.block_heads(block_idx), cfg.hd, cfg.attn_l2_norm)
+        self.ffn = FFN(C, cfg.block_ffn(block_idx))
+        self.ln_wo_grad = nn.LayerNorm(C, eps=cfg.norm_eps, elementwise_affine=False)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        if cfg.shared_aln:
+            self.ada_gss = nn.Parameter(torch.randn(1, 1, 6, C) / C ** 0.5)
+        else:
+            self.ada_lin = nn.Sequential(nn.SiLU(inplace=False), nn.Linear(C, 6 * C))
+
+    def forward(self, x_BLC, cond_BD, attn_bias, route: Route = None):
+        if self.shared_aln:
+            ada_B16C = self.ada_gss + cond_BD
+        else:
+            ada_B16C = self.ada_lin(cond_BD).view(-1, 1, 6, self.C)
+        gamma1, gamma2, scale1, scale2, shift1, shift2 = ada_B16C.unbind(2)  # official chunk order
+        attn = lambda h: self.attn(h, attn_bias)  # noqa: E731
+        h = self.ln_wo_grad(x_BLC).mul(scale1.add(1)).add_(shift1)
+        h = attn(h) if route is None else route("attn", self.block_idx, h, attn)
+        x_BLC = x_BLC + self.drop_path(h.mul(gamma1))
+        h = self.ln_wo_grad(x_BLC).mul(scale2.add(1)).add_(shift2)
+        h = self.ffn(h) if route is None else route("ffn", self.block_idx, h, self.ffn)
+        return x_BLC + self.drop_path(h.mul(gamma2))
+
+
+class AdaLNBeforeHead(nn.Module):
+    def __init__(self, C: int, eps: float):
+        super().__init__()
+        self.C = C
+        self.ln_wo_grad = nn.LayerNorm(C, eps=eps, elementwise_affine=False)
+        self.ada_lin = nn.Sequential(nn.SiLU(inplace=False), nn.Linear(C, 2 * C))
+
+    def forward(self, x_BLC, cond_BD):
+        scale, shift = self.ada_lin(cond_BD).view(-1, 1, 2, self.C).unbind(2)
+        return self.ln_wo_grad(x_BLC).mul(scale.add(1)).add_(shift)
+
+
+class SharedAdaLin(nn.Linear):
+    def forward(self, cond_BD):
+        return super().forward(cond_BD).view(-1, 1, 6, self.weight.shape[0] // 6)
+
+
+class VAR(nn.Module):
+    def __init__(self, cfg: VARConfig):
+        super().__init__()
+        self.cfg = cfg
+        C, pns = cfg.width, tuple(cfg.patch_nums)
+        self.C, self.V, self.Cvae, self.num_classes = C, cfg.vocab_size, cfg.Cvae, cfg.num_classes
+        self.patch_nums, self.L, self.first_l = pns, cfg.L, pns[0] ** 2
+        self.begin_ends = []
+        cur = 0
+        for pn in pns:
+            self.begin_ends.append((cur, cur + pn * pn))
+            cur += pn * pn
+
+        init_std = math.sqrt(1 / C / 3)
+        self.word_embed = nn.Linear(cfg.Cvae, C)
+        self.class_emb = nn.Embedding(cfg.num_classes + 1, C)   # last row: the null class for CFG
+        self.pos_start = nn.Parameter(torch.empty(1, self.first_l, C))
+        self.pos_1LC = nn.Parameter(torch.empty(1, self.L, C))
+        self.lvl_embed = nn.Embedding(len(pns), C)
+        for t in (self.class_emb.weight, self.pos_start, self.pos_1LC, self.lvl_embed.weight):
+            nn.init.trunc_normal_(t.data, mean=0, std=init_std)
+        self.shared_ada_lin = nn.Sequential(nn.SiLU(inplace=False), SharedAdaLin(C, 6 * C)) if cfg.shared_aln else nn.Identity()
+        dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # linear decay rule
+        self.blocks = nn.ModuleList([AdaLNSelfAttn(cfg, i, dpr[i]) for i in range(cfg.depth)])
+
+        # Block-causal mask (training only; inference uses the KV cache): token i sees token j iff
+        # scale(j) ≤ scale(i). Both buffers are persistent: they are in the official checkpoints.
+        d_1L1 = torch.cat([torch.full((pn * pn,), i) for i, pn in enumerate(pns)]).view(1, self.L, 1)
+        dT_11L = d_1L1.transpose(1, 2)
+        self.register_buffer("lvl_1L", dT_11L[:, 0].contiguous())
+        self.register_buffer("attn_bias_for_masking",
+                             torch.where(d_1L1 >= dT_11L, 0.0, -torch.inf).reshape(1, 1, self.L, self.L).contiguous())
+        self.head_nm = AdaLNBeforeHead(C, cfg.norm_eps)
+        self.head = nn.Linear(C, cfg.vocab_size)
+
+    # --------------------------------------------------------------- pieces shared by both passes
+    def cond(self, label_B: torch.Tensor) -> torch.Tensor:
+        return self.class_emb(label_B)
+
+    def run_blocks(self, x_BLC, cond_BD, attn_bias=None, route: Route = None):
+        cond = self.shared_ada_lin(cond_BD)
+        for b in self.blocks:
+            x_BLC = b(x_BLC, cond, attn_bias, route)
+        return x_BLC
+
+    def get_logits(self, x_BLC, cond_BD) -> torch.Tensor:
+        return self.head(self.head_nm(x_BLC.float(), cond_BD).float()).float()
+
+    def lvl_pos(self) -> torch.Tensor:
+        return self.lvl_embed(self.lvl_1L) + self.pos_1LC   # 1, L, C
+
+    def first_tokens(self, cond_BD) -> torch.Tensor:
+        """Scale-0 input: the class embedding as start token + its position/level embeddings."""
+        B = cond_BD.shape[0]
+        return cond_BD.unsqueeze(1).expand(B, self.first_l, -1) + self.pos_start.expand(B, -1, -1) \
+            + self.lvl_pos()[:, :self.first_l]
+
+    def kv_caching(self, enable: bool) -> None:
+        for b in self.blocks:
+            b.attn.kv_caching(enable)
+
+    # --------------------------------------------------------------- teacher forcing (training, calibration)
+    def forward(self, label_B: torch.Tensor, x_BLCv_wo_first_l: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced logits [B, L, V] for all scales at once under the block-causal mask.
+
+        As official, the label is replaced by the null class with probability ``cond_drop_rate`` —
+        but only in training mode (official drops also in eval; calibration needs determinism)."""
+        B = label_B.shape[0]
+        if self.training and self.cfg.cond_drop_rate > 0:
+            drop_B = torch.rand(B, device=label_B.device) < self.cfg.cond_drop_rate
+            label_B = torch.where(drop_B, self.num_classes, label_B)
+        cond_BD = self.cond(label_B)
+        sos_B1C = cond_BD.unsqueeze(1).expand(B, self.first_l, -1) + self.pos_start.expand(B, -1, -1)
+        x_BLC = torch.cat((sos_B1C, self.word_embed(x_BLCv_wo_first_l.float())), dim=1)
+        x_BLC = x_BLC + self.lvl_pos()
+        x_BLC = self.run_blocks(x_BLC, cond_BD, self.attn_bias_for_masking)
+        return self.get_logits(x_BLC, cond_BD)
+
+
+def attn_l2_norm_in(state_dict) -> bool:
+    """Official checkpoints differ in whether they use cosine attention; detect it (var-arch §1.6)."""
+    return any(k.endswith("attn.scale_mul_1H11") for k in state_dict)
+
+
+def sizes_in(state_dict, cfg: VARConfig) -> VARConfig:
+    """Per-block head counts and FFN widths as stored (physically pruned checkpoints)."""
+    heads, ffn = [], []
+    for i in range(cfg.depth):
+        heads.append(state_dict[f"blocks.{i}.attn.q_bias"].shape[0] // cfg.hd)
+        ffn.append(state_dict[f"blocks.{i}.ffn.fc1.weight"].shape[0])
+    dense_h, dense_f = [cfg.num_heads] * cfg.depth, [round(cfg.width * cfg.mlp_ratio)] * cfg.depth
+    return cfg.replace(heads=None if heads == dense_h else tuple(heads), ffn_hidden=None if ffn == dense_f else tuple(ffn))

@@ -1,0 +1,66 @@
+"""Exact parameter counts of the official configs and FLOPs that follow the token schedule."""
+import json
+
+import pytest
+import torch
+
+from bench.accounting import count_params, sampling_flops
+from bench.cli import main
+from bench.models.generator import Generator
+from bench.models.var import VAR
+from bench.models.vqvae import VQVAE
+from bench.registry import MODELS
+from tests.conftest import SMALL_VAE, SMALL_VAR
+
+
+@pytest.mark.parametrize("name,params", [("var-d16", 310_283_520), ("var-d20", 600_917_136),
+                                         ("var-d24", 1_033_399_360), ("var-d30", 2_010_020_356)])
+def test_official_parameter_counts(name, params):
+    gen = MODELS.get(name).build(device="meta")
+    assert count_params(gen.var) == params
+    assert count_params(gen.vae) == 108_948_355
+
+
+def test_info_json_contract(capsys):
+    assert main(["info", "var-d16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == "var-d16" and out["params"] == 310_283_520
+    assert out["tokenizer_params"] == 108_948_355
+    assert out["tokens_per_scale"] == [1, 4, 9, 16, 25, 36, 64, 100, 169, 256]
+    assert out["flops"] > 1.99 * out["flops_no_cfg"]
+    assert 299e9 < out["flops_no_cfg"] < 302e9   # reference §5: ≈300 GFLOPs without CFG
+
+
+def _analytic_flops(cfg, vae_cfg, rows):
+    """2·MNK for every matmul of the sampling loop, written out from the architecture."""
+    C, V, Cv, pns = cfg.width, cfg.vocab_size, cfg.Cvae, cfg.patch_nums
+    F, HW, total, ctx = 4 * C, pns[-1], 0, 0
+    for si, pn in enumerate(pns):
+        l = pn * pn
+        ctx += l
+        per_block = 2 * l * C * (3 * C + C + 2 * F) + 2 * 2 * l * ctx * C + 2 * C * 6 * C
+        total += rows * cfg.depth * per_block
+        total += rows * (2 * l * C * V + 2 * C * 2 * C)                # head + head AdaLN
+        total += 2 * HW * HW * Cv * Cv * 9 * (rows // (2 if rows > 1 else 1))  # φ conv on f_hat
+        if si != len(pns) - 1:
+            total += (rows // (2 if rows > 1 else 1)) * 2 * pns[si + 1] ** 2 * Cv * C  # word_embed
+    return total
+
+
+def test_flops_follow_the_token_schedule():
+    for pns in [(1, 2, 3, 4, 8), (1, 2, 4, 8), (1, 8)]:
+        cfg = SMALL_VAR.replace(patch_nums=pns)
+        vcfg = SMALL_VAE.__class__(**{**SMALL_VAE.to_dict(), "patch_nums": pns})
+        with torch.device("meta"):
+            gen = Generator(VAR(cfg), VQVAE(vcfg))
+        assert sampling_flops(gen, cfg=None) == _analytic_flops(cfg, vcfg, rows=1)
+        assert sampling_flops(gen, cfg=1.5) == _analytic_flops(cfg, vcfg, rows=2)
+
+
+def test_more_tokens_more_flops():
+    flops = []
+    for pns in [(1, 8), (1, 2, 4, 8), (1, 2, 3, 4, 8), (1, 2, 3, 4, 6, 8)]:
+        vcfg = SMALL_VAE.__class__(**{**SMALL_VAE.to_dict(), "patch_nums": pns})
+        with torch.device("meta"):
+            flops.append(sampling_flops(Generator(VAR(SMALL_VAR.replace(patch_nums=pns)), VQVAE(vcfg)), cfg=None))
+    assert flops == sorted(flops) and len(set(flops)) == len(flops)

@@ -1,0 +1,46 @@
+import pytest
+
+from bench.cli import main
+from bench.registry import MODELS, Registry, UnknownNameError
+
+
+def test_register_get_and_names():
+    reg = Registry("widget", (callable, "callable"))
+
+    @reg.register("alpha")
+    def alpha():
+        return 1
+
+    assert reg.get("alpha") is alpha and "alpha" in reg.names()
+
+
+def test_duplicate_name_raises():
+    reg = Registry("widget")
+    reg.register("a", object())
+    with pytest.raises(ValueError, match="duplicate widget name 'a'"):
+        reg.register("a", object())
+
+
+def test_wrong_type_raises():
+    reg = Registry("widget", (callable, "a callable"))
+    with pytest.raises(TypeError, match="must be a callable"):
+        reg.register("x", 42)
+
+
+def test_unknown_name_suggests_closest_and_lists_all():
+    with pytest.raises(UnknownNameError) as e:
+        MODELS.get("var-d61")
+    msg = str(e.value)
+    assert "did you mean 'var-d16'" in msg and "Known models:" in msg and "var-d30" in msg
+
+
+def test_cli_unknown_model_is_a_clear_error(capsys):
+    assert main(["info", "var-d17"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model 'var-d17'; did you mean" in err
+
+
+def test_cli_list_models(capsys):
+    assert main(["list", "models"]) == 0
+    out = capsys.readouterr().out.split()
+    assert {"var-d16", "var-d20", "var-d24", "var-d30"} <= set(out)
