@@ -1,0 +1,266 @@
+"""Recipes that train the tiny world from scratch (``make tiny-models`` / ``varbench train-tiny``).
+
+Three models, trained in order with fixed seeds on tinyshapes, written to ``assets/tiny/`` with a
+manifest (sha256, recipe, seed, git commit, training curves, quality figures):
+
+1. ``tiny_vqvae.safetensors`` — the VQVAE class in the tiny config. Loss: MSE + L1 reconstruction
+   + VAR's VQ/commitment loss (β = 0.25). Deviation from VAR's tokenizer recipe (which adds LPIPS
+   and a GAN loss): no perceptual or adversarial loss (their weights cannot be downloaded here), and
+   dead codebook entries are re-seeded from encoder outputs every ``restart_every`` steps.
+2. ``feature_cnn.safetensors`` — the tinyshapes classifier behind the ``tinyshapes-cnn`` feature
+   extractor (FID/IS/KID/precision/recall of the tiny world).
+3. ``tiny_var.safetensors`` — the VAR class in the tiny config, trained as VAR is: next-scale
+   cross-entropy over the token pyramid with teacher forcing under the block-causal mask, class
+   dropout 0.1 for CFG, AdamW, linear warm-up then cosine decay.
+"""
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from bench.data import tinyshapes
+from bench.models.generator import Generator
+from bench.models.var import VAR
+from bench.models.vqvae import VQVAE
+from bench.tiny import configs
+
+VAE_RECIPE = dict(seed=0, steps=1500, batch=64, lr=2e-3, warmup=100, pool=16384, restart_every=100, l1=0.5)
+VAR_RECIPE = dict(seed=0, steps=2000, batch=64, lr=2e-3, wd=0.05, warmup=150, pool=24576)
+CNN_RECIPE = dict(seed=0, epochs=6, batch=128, lr=2e-3, pool=12288)
+
+
+def _lr(step: int, total: int, base: float, warmup: int) -> float:
+    if step < warmup:
+        return base * (step + 1) / warmup
+    return base * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+
+def psnr(a_uint8: torch.Tensor, b_uint8: torch.Tensor) -> float:
+    mse = (a_uint8.float() - b_uint8.float()).square().mean().item()
+    return 10 * math.log10(255 ** 2 / max(mse, 1e-10))
+
+
+def _to_uint8(x_pm1: torch.Tensor) -> torch.Tensor:
+    return x_pm1.clamp(-1, 1).add(1).mul(127.5).add(0.5).clamp(0, 255).to(torch.uint8)
+
+
+@torch.no_grad()
+def vae_psnr(vae: VQVAE, imgs_uint8: torch.Tensor, batch: int = 256) -> float:
+    vae.eval()
+    rec = torch.cat([_to_uint8(vae.reconstruct(tinyshapes.to_pm1(imgs_uint8[i:i + batch])))
+                     for i in range(0, len(imgs_uint8), batch)])
+    return psnr(rec, imgs_uint8)
+
+
+def train_vqvae(recipe: dict = VAE_RECIPE, progress: bool = True) -> (VQVAE, dict):
+    torch.manual_seed(recipe["seed"])
+    imgs, _ = tinyshapes.generate(recipe["pool"], "train")
+    val, _ = tinyshapes.generate(512, "val")
+    vae = VQVAE(configs.TINY_VAE).train()
+    opt = torch.optim.AdamW(vae.parameters(), lr=recipe["lr"], betas=(0.9, 0.95), weight_decay=0.0)
+    g = torch.Generator().manual_seed(recipe["seed"])
+    hits_V = torch.zeros(configs.TINY_VAE.vocab_size)
+    curve: List[dict] = []
+    bar = tqdm(range(recipe["steps"]), desc="tiny VQVAE", disable=not progress)
+    for step in bar:
+        for pg in opt.param_groups:
+            pg["lr"] = _lr(step, recipe["steps"], recipe["lr"], recipe["warmup"])
+        x = tinyshapes.to_pm1(imgs[torch.randint(len(imgs), (recipe["batch"],), generator=g)])
+        rec, vq_loss, hits = vae(x)
+        rec_loss = F.mse_loss(rec, x) + recipe["l1"] * F.l1_loss(rec, x)
+        loss = rec_loss + vq_loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        hits_V += hits
+        if (step + 1) % recipe["restart_every"] == 0 and step + 1 < recipe["steps"] * 0.8:
+            _restart_dead_codes(vae, x, hits_V, g)
+            hits_V.zero_()
+        if step % 50 == 0 or step == recipe["steps"] - 1:
+            curve.append({"step": step, "loss": round(loss.item(), 5), "rec": round(rec_loss.item(), 5)})
+            bar.set_postfix(rec=f"{rec_loss.item():.4f}", vq=f"{vq_loss.item():.4f}")
+    vae.eval().requires_grad_(False)
+    return vae, {"curve": curve, "val_psnr_db": round(vae_psnr(vae, val), 3)}
+
+
+@torch.no_grad()
+def _restart_dead_codes(vae: VQVAE, x: torch.Tensor, hits_V: torch.Tensor, g: torch.Generator) -> None:
+    dead = (hits_V == 0).nonzero().flatten()
+    if len(dead) == 0:
+        return
+    f_NC = vae.quant_conv(vae.encoder(x)).permute(0, 2, 3, 1).reshape(-1, vae.Cvae)
+    pick = torch.randint(len(f_NC), (len(dead),), generator=g)
+    vae.quantize.embedding.weight.data[dead] = f_NC[pick] + 0.01 * torch.randn(len(dead), vae.Cvae, generator=g)
+
+
+@torch.no_grad()
+def tokenize_pool(vae: VQVAE, imgs_uint8: torch.Tensor, batch: int = 512, progress: bool = True) -> List[torch.Tensor]:
+    parts: List[List[torch.Tensor]] = []
+    for i in tqdm(range(0, len(imgs_uint8), batch), desc="tokenize", disable=not progress):
+        parts.append(vae.img_to_idx(tinyshapes.to_pm1(imgs_uint8[i:i + batch])))
+    return [torch.cat([p[si] for p in parts]) for si in range(len(parts[0]))]
+
+
+def train_var(vae: VQVAE, recipe: dict = VAR_RECIPE, progress: bool = True,
+              init: Optional[VAR] = None) -> (VAR, dict):
+    torch.manual_seed(recipe["seed"])
+    imgs, labels = tinyshapes.generate(recipe["pool"], "train")
+    tokens = tokenize_pool(vae, imgs, progress=progress)
+    var = init if init is not None else VAR(configs.TINY_VAR)
+    if init is None:
+        init_var_weights(var)
+    gen = Generator(var, vae).train()
+    vae.eval()
+    decay = [p for n, p in var.named_parameters() if p.ndim >= 2 and "pos_" not in n and "embed" not in n]
+    no_decay = [p for n, p in var.named_parameters() if not (p.ndim >= 2 and "pos_" not in n and "embed" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe["wd"]}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=recipe["lr"], betas=(0.9, 0.95))
+    g = torch.Generator().manual_seed(recipe["seed"] + 1)
+    curve: List[dict] = []
+    bar = tqdm(range(recipe["steps"]), desc="tiny VAR", disable=not progress)
+    for step in bar:
+        for pg in opt.param_groups:
+            pg["lr"] = _lr(step, recipe["steps"], recipe["lr"], recipe["warmup"])
+        idx = torch.randint(len(labels), (recipe["batch"],), generator=g)
+        loss = gen.loss(labels[idx], [t[idx] for t in tokens])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(var.parameters(), 2.0)
+        opt.step()
+        if step % 50 == 0 or step == recipe["steps"] - 1:
+            curve.append({"step": step, "loss": round(loss.item(), 5)})
+            bar.set_postfix(ce=f"{loss.item():.3f}")
+    var.eval()
+    return var, {"curve": curve}
+
+
+def init_var_weights(var: VAR, init_adaln: float = 0.5, init_adaln_gamma: float = 1e-5, init_head: float = 0.02) -> None:
+    """VAR's ``init_weights`` (trunc-normal std √(1/3C), head × 0.02, AdaLN gammas ≈ 0, out-projections ÷ √(2·depth))."""
+    std = math.sqrt(1 / var.C / 3)
+    for m in var.modules():
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.trunc_normal_(m.weight, std=std)
+            if m.bias is not None:
+                torch.nn.init.zeros_(m.bias)
+        elif isinstance(m, torch.nn.Embedding):
+            torch.nn.init.trunc_normal_(m.weight, std=std)
+    with torch.no_grad():
+        var.head.weight.mul_(init_head)
+        var.head_nm.ada_lin[-1].weight.mul_(init_adaln)
+        for b in var.blocks:
+            b.attn.proj.weight.div_(math.sqrt(2 * len(var.blocks)))
+            b.ffn.fc2.weight.div_(math.sqrt(2 * len(var.blocks)))
+            if hasattr(b, "ada_lin"):
+                b.ada_lin[-1].weight[2 * var.C:].mul_(init_adaln)
+                b.ada_lin[-1].weight[:2 * var.C].mul_(init_adaln_gamma)
+
+
+def save_safetensors(module: torch.nn.Module, path: Path, config: dict) -> None:
+    from safetensors.torch import save_file
+    sd = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
+    save_file(sd, str(path), metadata={"config": json.dumps(config)})
+
+
+def git_commit() -> str:
+    import subprocess
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).resolve().parent).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+def write_manifest(out: Path, entries: Dict[str, dict]) -> None:
+    from bench.checkpoint import sha256
+    manifest_path = out / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"models": {}}
+    for name, e in entries.items():
+        e["sha256"] = sha256(out / e["file"])
+        e["bytes"] = (out / e["file"]).stat().st_size
+        manifest["models"][name] = e
+    manifest.update(git_commit=git_commit(), torch=torch.__version__, python=platform.python_version(),
+                    created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    tmp = manifest_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    tmp.replace(manifest_path)
+
+
+STAGES = ("vqvae", "cnn", "var", "eval")
+
+
+def load_tiny_vae(out: Path) -> VQVAE:
+    from bench.models.zoo import load_vae
+    return load_vae(out / "tiny_vqvae.safetensors", configs.TINY_VAE)
+
+
+def run(out: Path, stages=STAGES, progress: bool = True) -> None:
+    """Train the requested stages in order; each stage saves its checkpoint and manifest entry."""
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if "vqvae" in stages:
+        t0 = time.time()
+        vae, info = train_vqvae(progress=progress)
+        save_safetensors(vae, out / "tiny_vqvae.safetensors", configs.TINY_VAE.to_dict())
+        write_manifest(out, {"tiny-vqvae": {"file": "tiny_vqvae.safetensors", "recipe": VAE_RECIPE,
+                                            "config": configs.TINY_VAE.to_dict(), "train_seconds": round(time.time() - t0),
+                                            "quality": {"val_psnr_db": info["val_psnr_db"]}, "curve": info["curve"]}})
+        print(f"tiny VQVAE: val PSNR {info['val_psnr_db']:.2f} dB")
+    if "cnn" in stages:
+        from bench.metrics.features import save_feature_cnn, train_feature_cnn
+        t0 = time.time()
+        imgs, labels = tinyshapes.generate(CNN_RECIPE["pool"], "train")
+        model, hist = train_feature_cnn(imgs, labels, num_classes=tinyshapes.NUM_CLASSES, epochs=CNN_RECIPE["epochs"],
+                                        batch_size=CNN_RECIPE["batch"], lr=CNN_RECIPE["lr"], seed=CNN_RECIPE["seed"],
+                                        progress=progress)
+        vimgs, vlabels = tinyshapes.generate(2048, "val")
+        with torch.no_grad():
+            acc = (model.eval().logits(vimgs).argmax(1) == vlabels).float().mean().item()
+        save_feature_cnn(model, out / "feature_cnn.safetensors")
+        write_manifest(out, {"feature-cnn": {"file": "feature_cnn.safetensors", "recipe": CNN_RECIPE,
+                                             "train_seconds": round(time.time() - t0),
+                                             "quality": {"val_accuracy": round(acc, 4)}, "curve": hist}})
+        print(f"feature CNN: held-out accuracy {acc:.4f}")
+    if "var" in stages:
+        t0 = time.time()
+        vae = load_tiny_vae(out)
+        var, info = train_var(vae, progress=progress)
+        save_safetensors(var, out / "tiny_var.safetensors", configs.TINY_VAR.to_dict())
+        write_manifest(out, {"tiny-var": {"file": "tiny_var.safetensors", "recipe": VAR_RECIPE,
+                                          "config": configs.TINY_VAR.to_dict(), "train_seconds": round(time.time() - t0),
+                                          "curve": info["curve"]}})
+    if "eval" in stages:
+        from bench.tiny.quality import measure_tiny_var
+        q = measure_tiny_var(out, progress=progress)
+        manifest = json.loads((out / "manifest.json").read_text())
+        entry = manifest["models"]["tiny-var"]
+        entry["quality"] = q
+        write_manifest(out, {"tiny-var": entry})
+        print("tiny-var quality:", json.dumps(q))
+
+
+def main(argv=None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="varbench train-tiny", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="assets/tiny", help="output folder (default: assets/tiny)")
+    p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    stages = [s.strip() for s in a.stages.split(",") if s.strip()]
+    bad = [s for s in stages if s not in STAGES]
+    if bad:
+        p.error(f"unknown stage(s) {bad}; choose from {', '.join(STAGES)}")
+    run(Path(a.out), stages, progress=not a.no_progress)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,215 @@
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import bench.records as R
+from bench.records import (
+    RecordError,
+    RunSpec,
+    canonical_methods,
+    find_record,
+    load_records,
+    make_record,
+    read_record,
+    write_record,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "records"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def spec(**kw):
+    base = dict(world="tiny", model="tiny-var", methods=("evar:sparsity=0.4",), bench="shapes-c2i", n=1000,
+                seed=0, sampling={"cfg": 1.5, "top_k": 900})
+    base.update(kw)
+    return RunSpec(**base)
+
+
+def record(s=None, **kw):
+    return make_record(s or spec(), metrics={"fid": {"value": 12.5, "stderr": 0.3}, "is": 7.0},
+                       cost={"params": 1_000_000}, timings={"generate_s": 1.0}, **kw)
+
+
+# --- RunSpec -----------------------------------------------------------------------------------------
+
+def test_key_is_stable_and_insensitive_to_sampling_order():
+    a = spec(sampling={"cfg": 1.5, "top_k": 900})
+    b = spec(sampling={"top_k": 900, "cfg": 1.5})
+    assert a.key() == b.key() == "7bda64b0f0a70eaa"  # pinned: a changed key orphans every record
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert re.fullmatch(r"[0-9a-f]{16}", a.key())
+
+
+def test_key_changes_with_what_is_run():
+    base = spec()
+    for other in (spec(n=999), spec(seed=1), spec(model="tiny-t2i"), spec(world="paper"),
+                  spec(methods=("evar:sparsity=0.2",)), spec(sampling={"cfg": 2.0, "top_k": 900})):
+        assert other.key() != base.key()
+    ab = spec(methods=("evar:sparsity=0.4", "ft:epochs=1"))
+    ba = spec(methods=("ft:epochs=1", "evar:sparsity=0.4"))
+    assert ab.key() != ba.key()  # a chain is applied in order
+
+
+def test_method_specs_are_canonical():
+    assert canonical_methods(["evar: sparsity=0.40, calib=pyramid", "dense", "ft:epochs=1"]) == (
+        "evar:calib=pyramid,sparsity=0.4", "ft:epochs=1")
+    assert canonical_methods("evar:sparsity=0.4 + psad") == ("evar:sparsity=0.4", "psad")
+    assert spec(methods=["evar:sparsity=.4"]).key() == spec().key()
+    assert spec(methods=("dense",)).methods == ()
+    with pytest.raises(ValueError, match="key=value"):
+        canonical_methods(["evar:sparsity"])
+
+
+def test_spec_dict_path_and_label():
+    s = spec(methods=("magnitude:sparsity=0.4", "ft:epochs=1"))
+    assert RunSpec.from_dict(s.to_dict()) == s
+    assert s.path("results") == Path("results/tiny/tiny-var/shapes-c2i") / f"{s.key()}.json"
+    assert "magnitude:sparsity=0.4 + ft:epochs=1" in s.label() and "n=1000" in s.label()
+    assert "dense" in spec(methods=()).label()
+    with pytest.raises(ValueError, match="unknown world"):
+        spec(world="huge")
+
+
+# --- records -----------------------------------------------------------------------------------------
+
+def test_make_record_follows_the_schema():
+    rec = record(ckpt_sha256="ab" * 32, notes=["a deviation"])
+    assert rec["schema"] == R.SCHEMA_VERSION and rec["run_id"] == spec().key()
+    assert rec["spec"]["ckpt_sha256"] == "ab" * 32 and rec["spec"]["methods"] == ["evar:sparsity=0.4"]
+    assert rec["metrics"]["is"] == {"value": 7.0, "stderr": None, "n": 1000}
+    assert rec["metrics"]["fid"]["stderr"] == 0.3
+    env = rec["env"]
+    assert {"torch", "python", "platform", "device", "git_commit", "versions"} <= set(env)
+    assert set(env["versions"]) == {"torch", "torch-fidelity", "numpy"}
+    assert env["git_commit"] == "unknown" or re.fullmatch(r"[0-9a-f]{40}", env["git_commit"])
+    assert rec["created"].endswith("+00:00") and rec["notes"] == ["a deviation"]
+    json.dumps(rec, allow_nan=False)
+
+
+def test_write_read_find_roundtrip(tmp_path):
+    s = spec()
+    assert find_record(s, tmp_path) is None
+    rec = record(s)
+    write_record(s.path(tmp_path), rec)
+    assert read_record(s.path(tmp_path)) == rec
+    assert find_record(s, tmp_path) == rec
+    assert load_records(tmp_path, "tiny") == {s.key(): rec} == load_records(tmp_path)
+    assert [p.name for p in s.path(tmp_path).parent.iterdir()] == [f"{s.key()}.json"]  # no temp left
+
+
+def test_every_fixture_reads():
+    paths = sorted(FIXTURES.glob("*.json"))
+    assert paths
+    for p in paths:
+        rec = read_record(p)
+        assert rec["schema"] == R.SCHEMA_VERSION
+        assert RunSpec.from_record(rec).key() == rec["run_id"]
+
+
+def _fixture():
+    return json.loads((FIXTURES / "tiny-magnitude-ft-v1.json").read_text())
+
+
+def test_future_schema_is_rejected(tmp_path):
+    rec = _fixture()
+    rec["schema"] = R.SCHEMA_VERSION + 1
+    p = tmp_path / "future.json"
+    p.write_text(json.dumps(rec))
+    with pytest.raises(RecordError, match=r"schema version 2 is newer than this varbench reads.*upgrade"):
+        read_record(p)
+
+
+@pytest.mark.parametrize("text", ['{"schema": 1, "run_id": "ab', "", "\x00\x01garbage"])
+def test_corrupt_json_is_rejected(tmp_path, text):
+    p = tmp_path / "corrupt.json"
+    p.write_text(text)
+    with pytest.raises(RecordError, match="corrupt JSON"):
+        read_record(p)
+
+
+def test_malformed_records_are_rejected(tmp_path):
+    p = tmp_path / "r.json"
+    for bad, msg in (([1, 2], "expected a JSON object"), ({"run_id": "x"}, "no valid 'schema'"),
+                     ({**_fixture(), "run_id": "0" * 16}, "does not match its spec"),
+                     ({k: v for k, v in _fixture().items() if k != "metrics"}, "missing keys")):
+        p.write_text(json.dumps(bad))
+        with pytest.raises(RecordError, match=msg):
+            read_record(p)
+
+
+def test_old_schema_is_upgraded_through_the_migration_table(tmp_path, monkeypatch):
+    p = FIXTURES / "tiny-magnitude-ft-v1.json"
+    monkeypatch.setattr(R, "SCHEMA_VERSION", 2)
+    with pytest.raises(RecordError, match="no migration from schema version 1"):
+        read_record(p)
+    monkeypatch.setitem(R.MIGRATIONS, 1, lambda r: {**r, "notes": r["notes"] + ["migrated from v1"]})
+    rec = read_record(p)
+    assert rec["schema"] == 2 and rec["notes"][-1] == "migrated from v1"
+
+
+# --- atomic write under SIGKILL ----------------------------------------------------------------------
+
+# The child writes a ~2 MB record through a file object that stops (and says so) after half of the
+# text is on disk, so the parent can SIGKILL it in the middle of the write, deterministically.
+CHILD = textwrap.dedent("""
+    import os, sys, time
+    import bench.records as R
+
+    real_fdopen = os.fdopen
+
+    class HalfThenHang:
+        def __init__(self, fh):
+            self.fh = fh
+        def write(self, text):
+            self.fh.write(text[: len(text) // 2])
+            self.fh.flush()
+            os.fsync(self.fh.fileno())
+            print("HALF", flush=True)
+            time.sleep(120)
+            self.fh.write(text[len(text) // 2:])
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+        def __enter__(self):
+            return self
+        def __exit__(self, *exc):
+            return self.fh.__exit__(*exc)
+
+    os.fdopen = lambda *a, **k: HalfThenHang(real_fdopen(*a, **k))
+    spec = R.RunSpec("tiny", "tiny-var", ("evar:sparsity=0.4",), "shapes-c2i", 1000, 0, {})
+    big = {f"metric_{i}": {"value": float(i), "stderr": 0.5, "n": 1000} for i in range(20000)}
+    R.write_record(sys.argv[1], R.make_record(spec, big, {"params": 1}, {}))
+""")
+
+
+@pytest.mark.parametrize("old", [False, True], ids=["no-old-file", "old-file"])
+def test_sigkill_during_write_leaves_no_partial_file(tmp_path, old):
+    target = tmp_path / "tiny" / "tiny-var" / "shapes-c2i" / "run.json"
+    old_rec = None
+    if old:
+        old_rec = record()
+        write_record(target, old_rec)
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(target)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout.readline().strip() == "HALF", "the child did not reach the middle of the write"
+        temps = list(target.parent.glob(".run.json.*.tmp"))
+        assert len(temps) == 1 and temps[0].stat().st_size > 500_000  # really mid-write
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdout.close()
+    if old:
+        assert read_record(target) == old_rec  # the old record, intact
+    else:
+        assert not target.exists()
+    assert load_records(tmp_path, "tiny") == ({old_rec["run_id"]: old_rec} if old else {})
