@@ -44,6 +44,59 @@ def _cmd_info(args) -> int:
     return 0
 
 
+def _cmd_run(args) -> int:
+    from bench.runner import make_spec, run
+
+    spec = make_spec(args.model, [m.strip() for m in args.method.split("+") if m.strip()] if args.method else [],
+                     bench=args.bench, n=args.n, seed=args.seed, world=args.world)
+    rec = run(spec, root=args.results, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet)
+    print(json.dumps({"run_id": rec["run_id"], "path": str(spec.path(args.results)),
+                      "metrics": {k: v["value"] for k, v in rec["metrics"].items()},
+                      "params": rec["cost"].get("params")}, indent=1))
+    return 0
+
+
+def _cmd_table(args) -> int:
+    from bench.records import find_record
+    from bench.registry import BENCHES, MODELS, TABLES
+    from bench.render import load_spec, render
+    from bench.runner import missing_methods, run
+
+    names = TABLES.names() if args.name == "all" else [args.name]
+    for name in names:
+        spec = load_spec(name)
+        world = args.world
+        bench = BENCHES.get(spec.bench_for(world))
+        model_name = spec.model.get(world)
+        sampling = dict(MODELS.get(model_name).sampling) if model_name else {}
+        n = args.n or spec.n.get(world) or bench.default_n
+        row_notes, records = {}, {}
+        for row in spec.rows:
+            if spec.skip_reason(row, world):
+                continue
+            for group in spec.groups:
+                chain = spec.chain(row, group)
+                missing = missing_methods(chain)
+                if missing:
+                    row_notes[row.label] = (f"not computed: method(s) {', '.join(sorted(set(missing)))} "
+                                            f"not implemented in varbench yet")
+                    continue
+                from bench.records import RunSpec
+                rs = RunSpec(world=world, model=spec.model_for(row, world), methods=chain, bench=bench.name,
+                             n=n, seed=args.seed, sampling=sampling)
+                rec = None if args.force else find_record(rs, args.results)
+                if rec is None and not args.no_run:
+                    print(f"[{name}] running {rs.label()}", file=sys.stderr)
+                    rec = run(rs, root=args.results, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet)
+                if rec is not None:
+                    records[rec["run_id"]] = rec
+        out = render(spec, world, records, row_notes=row_notes, out_dir=args.out,
+                     formats=tuple(args.format.split(",")), n=n, seed=args.seed, sampling=sampling)
+        if "md" in out:
+            print(out["md"])
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="varbench",
@@ -62,10 +115,49 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("model", help="registered model name (see `varbench list models`)")
     sp.add_argument("--json", action="store_true", help="print one JSON object (keys: DESIGN.md §5)")
     sp.set_defaults(func=_cmd_info)
+
+    def common(sp):
+        sp.add_argument("--world", choices=("tiny", "paper"), default="tiny", help="tiny (default): shipped tiny "
+                        "models and generated data; paper: official checkpoints and real data")
+        sp.add_argument("--seed", type=int, default=0, help="run seed (sampling batches, bootstrap, recovery)")
+        sp.add_argument("--n", type=int, default=None, help="images per run (default: the bench's protocol)")
+        sp.add_argument("--results", default="results", help="record folder (default: results/)")
+        sp.add_argument("--ckpt-dir", default=None, help="checkpoint folder (paper world; else $VARBENCH_CKPT_DIR)")
+        sp.add_argument("--force", action="store_true", help="rerun even if a record exists")
+        sp.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    sp = sub.add_parser("run", help="one run: model + method chain + bench -> one JSON record",
+                        description="Apply a method chain to a model, sample the bench's images, score them and "
+                                    "write one record to results/<world>/<model>/<bench>/<spec-hash>.json. "
+                                    "An existing record is reused unless --force.")
+    sp.add_argument("--model", required=True, help="registered model (varbench list models)")
+    sp.add_argument("--method", default="", help="method chain joined by '+', e.g. 'magnitude:sparsity=0.4 + ft:epochs=1'")
+    sp.add_argument("--bench", default=None, help="bench (default: shapes-c2i in the tiny world, imagenet256 in the paper world)")
+    common(sp)
+    sp.set_defaults(func=_cmd_run)
+
+    sp = sub.add_parser("table", help="regenerate a paper table: run missing records, then render md/tex/json",
+                        description="Runs every record the table needs that is missing (methods not yet in varbench "
+                                    "leave their rows empty, with the reason as a footnote), then renders "
+                                    "tables/out/<world>/NAME.{md,tex,json} and prints the Markdown.")
+    sp.add_argument("name", help="table name (varbench list tables) or 'all'")
+    sp.add_argument("--format", default="md,tex,json", help="comma-separated output formats")
+    sp.add_argument("--out", default=None, help="output base folder (default: tables/out)")
+    sp.add_argument("--no-run", action="store_true", help="render from existing records only")
+    common(sp)
+    sp.set_defaults(func=_cmd_table)
+
+    sp = sub.add_parser("train-tiny", help="retrain the tiny world's models from scratch (make tiny-models)",
+                        add_help=False)
+    sp.set_defaults(func=None)
     return p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train-tiny"]:
+        from bench.tiny.train import main as train_main
+        return train_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -36,8 +36,10 @@ from torch_fidelity.helpers import vassert
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
 from tqdm.auto import tqdm
 
+from bench.tiny.assets import ASSETS
+
 EXTRACTOR_NAME = "tinyshapes-cnn"
-DEFAULT_WEIGHTS_PATH = Path(__file__).resolve().parents[2] / "assets" / "tiny" / "feature_cnn.safetensors"
+DEFAULT_WEIGHTS_PATH = ASSETS / "feature_cnn.safetensors"
 FORMAT_TAG = "varbench-tinyshapes-cnn"
 
 

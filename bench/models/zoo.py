@@ -32,6 +32,7 @@ class ModelCard:
     source: str = VAR_SOURCE
     world: str = "paper"
     sampling: dict = field(default_factory=lambda: dict(defaults.SAMPLING))
+    default_dir: Optional[Path] = None     # where the files are when no --ckpt-dir is given (tiny world)
 
     @property
     def image_size(self) -> int:
@@ -44,8 +45,10 @@ class ModelCard:
 
     def __call__(self, ckpt_dir=None, device="cpu") -> Generator:
         """The generator with its checkpoints loaded (strict)."""
-        vae_path = locate(self.vae_file, ckpt_dir, self.source + self.vae_file)
-        var_path = locate(self.var_file, ckpt_dir, self.source + self.var_file)
+        folder = ckpt_dir or self.default_dir
+        src = (lambda f: self.source + f) if self.world == "paper" else (lambda f: self.source)
+        vae_path = locate(self.vae_file, folder, src(self.vae_file))
+        var_path = locate(self.var_file, folder, src(self.var_file))
         return load_generator(var_path, vae_path, self, device=device)
 
 
@@ -95,5 +98,17 @@ def _official(depth: int) -> ModelCard:
 
 for _d in (16, 20, 24, 30):
     MODELS.register(f"var-d{_d}", _official(_d))
+
+
+def _tiny_var() -> ModelCard:
+    from bench.tiny import configs
+    from bench.tiny.assets import ASSETS
+    return ModelCard(name="tiny-var", var_cfg=configs.TINY_VAR, vae_cfg=configs.TINY_VAE,
+                     var_file="tiny_var.safetensors", vae_file="tiny_vqvae.safetensors",
+                     source="`make tiny-models` (retrains the tiny world from scratch, recipe in bench/tiny/train.py)",
+                     world="tiny", sampling=dict(configs.TINY_SAMPLING), default_dir=ASSETS)
+
+
+MODELS.register("tiny-var", _tiny_var())
 
 __all__ = ["ModelCard", "load_generator", "load_var", "load_vae", "load_strict"]

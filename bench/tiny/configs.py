@@ -12,7 +12,7 @@ IMAGE_SIZE = 32
 TINY_VAE = VQVAEConfig(vocab_size=512, z_channels=16, ch=32, ch_mult=(1, 2, 2), num_res_blocks=1,
                        using_sa=True, using_mid_sa=True, patch_nums=PATCH_NUMS, share_quant_resi=4)
 
-TINY_VAR = VARConfig(depth=4, width=192, num_heads=3, mlp_ratio=4.0, num_classes=12,
+TINY_VAR = VARConfig(depth=4, width=192, num_heads=6, mlp_ratio=4.0, num_classes=12,
                      vocab_size=TINY_VAE.vocab_size, Cvae=TINY_VAE.z_channels, patch_nums=PATCH_NUMS,
                      attn_l2_norm=True, cond_drop_rate=0.1, drop_path_rate=0.0)
 

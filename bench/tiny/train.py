@@ -33,7 +33,7 @@ from bench.models.vqvae import VQVAE
 from bench.tiny import configs
 
 VAE_RECIPE = dict(seed=0, steps=1500, batch=64, lr=2e-3, warmup=100, pool=16384, restart_every=100, l1=0.5)
-VAR_RECIPE = dict(seed=0, steps=2000, batch=64, lr=2e-3, wd=0.05, warmup=150, pool=24576)
+VAR_RECIPE = dict(seed=0, steps=3000, batch=64, lr=2e-3, wd=0.05, warmup=150, pool=24576)
 CNN_RECIPE = dict(seed=0, epochs=6, batch=128, lr=2e-3, pool=12288)
 
 

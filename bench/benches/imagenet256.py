@@ -1,0 +1,75 @@
+"""imagenet256: class-conditional ImageNet 256×256, the paper world's main bench (VAR / EVAR Tab. 1–4).
+
+Protocol (VAR README, "Sampling & Zero-shot Inference"; community reproduction in VAR issue #83):
+50 samples per class × 1000 classes = 50 000 images, sampled class by class in batches of 50
+with one seed per batch, cfg 1.5, top-k 900, top-p 0.96, ``more_smooth=False`` (all overridable in
+the run spec). Images are uint8 as saved to PNG. Metrics follow the ADM evaluator: Inception-v3
+(``inception-v3-compat`` in torch-fidelity, local weights) pool features; FID against the ``mu``/
+``sigma`` of ``VIRTUAL_imagenet256_labeled.npz``; precision/recall with k = 3 against its 10 000
+``arr_0`` images; IS from the logits over chunks of 5000. Error bars: bootstrap over samples.
+
+Training split for recovery methods: ImageNet-1k train as an ``ImageFolder`` under
+``$VARBENCH_DATA_DIR/imagenet/train`` (VAR preprocessing: shorter side to 1.125·256 with LANCZOS,
+centre crop 256, [-1, 1]); calibration: the ``val`` folder. A missing folder is an error naming it.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict
+
+import torch
+
+from bench.benches.base import Bench
+from bench.registry import BENCHES
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("VARBENCH_DATA_DIR") or Path.home() / ".cache" / "varbench" / "data")
+
+
+@BENCHES.register("imagenet256")
+class ImageNet256(Bench):
+    name, world, model = "imagenet256", "paper", "var-d16"
+    num_classes = 1000
+    default_n = 50_000
+    batch_size = 50
+    epoch_size = 1_281_167
+    bootstrap = 10
+
+    def evaluate(self, images_uint8, labels, seed=0, progress=True) -> Dict[str, dict]:
+        from bench.metrics.paper import evaluate_adm
+        return evaluate_adm(images_uint8, bootstrap=self.bootstrap, seed=seed, progress=progress)
+
+    def data(self, n: int, split: str, vae):
+        """(labels, token pyramid) of n ImageNet images taken at a uniform stride over the folder
+        (EVAR-code's calibration sampling), tokenised by the model's own VQVAE."""
+        from PIL import Image
+        from torchvision.datasets import ImageFolder
+        from torchvision.transforms import functional as TF
+        from tqdm.auto import tqdm
+
+        sub = "val" if split == "calib" else "train"
+        folder = data_dir() / "imagenet" / sub
+        if not folder.is_dir():
+            raise FileNotFoundError(
+                f"ImageNet {sub} folder not found: {folder}\n"
+                f"  Put the ILSVRC-2012 images there in ImageFolder layout (one sub-folder per class, "
+                f"n01440764/ …) or set VARBENCH_DATA_DIR. varbench never downloads data.")
+        ds = ImageFolder(str(folder))
+        picks = torch.linspace(0, len(ds) - 1, n).round().long().tolist()
+
+        def load(i):
+            img, label = ds[i]
+            w, h = img.size
+            s = round(1.125 * 256) / min(w, h)   # VAR: shorter side to 1.125·res (LANCZOS), then crop
+            img = TF.center_crop(img.convert("RGB").resize((round(w * s), round(h * s)), Image.LANCZOS), 256)
+            return TF.to_tensor(img).mul(2).sub(1), label
+
+        labels, parts = [], []
+        for b in tqdm(range(0, n, 32), desc=f"tokenise ImageNet {sub}"):
+            xs, ys = zip(*(load(i) for i in picks[b:b + 32]))
+            with torch.no_grad():
+                parts.append(vae.img_to_idx(torch.stack(xs).to(vae.post_quant_conv.weight.device)))
+            labels += ys
+        return torch.tensor(labels), [torch.cat([p[si] for p in parts]).cpu() for si in range(len(parts[0]))]

@@ -1,0 +1,63 @@
+"""shapes-c2i: class-conditional generation on tinyshapes, the tiny world's stand-in for ImageNet-256.
+
+Protocol: ``n`` samples, n/12 per class in class order (default 50 per class = 600), sampled in
+batches of 50 with seed ``seed·1000003 + batch`` at the tiny model's default sampling settings
+(cfg 2.0, top-k 50, top-p 0.9). Reference: the first 1200 images (100 per class) of the tinyshapes
+``ref`` split. Features: the shipped ``tinyshapes-cnn`` registered in torch-fidelity (pooled layer
+for FID, KID and precision/recall with k = 3; logits for IS). Error bars: bootstrap over the
+generated samples (10 resamples). Also reported: ``class_acc``, the fraction of samples the
+feature CNN classifies as their conditioning class.
+
+Training split for recovery (``ft``/``kd``/``psad``): one epoch = 6144 tinyshapes ``train`` images
+tokenised by the tiny VQVAE; calibration data for pruning comes from the ``calib`` split.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Dict, List, Tuple
+
+import torch
+
+from bench.benches.base import Bench
+from bench.data import tinyshapes
+from bench.registry import BENCHES
+
+REF_N = 1200
+
+
+@lru_cache(maxsize=2)
+def _reference_images() -> torch.Tensor:
+    return tinyshapes.generate(REF_N, "ref")[0]
+
+
+def _tokens(n: int, split: str, vae) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+    from bench.tiny.train import tokenize_pool
+    imgs, labels = tinyshapes.generate(n, split)
+    return labels, tokenize_pool(vae, imgs, progress=False)
+
+
+@BENCHES.register("shapes-c2i")
+class ShapesC2I(Bench):
+    name, world, model = "shapes-c2i", "tiny", "tiny-var"
+    num_classes = tinyshapes.NUM_CLASSES
+    default_n = 50 * tinyshapes.NUM_CLASSES
+    batch_size = 50
+    epoch_size = 6144
+    bootstrap = 10
+
+    def evaluate(self, images_uint8, labels, seed=0, progress=True) -> Dict[str, dict]:
+        from bench.metrics.features import DEFAULT_WEIGHTS_PATH, load_feature_cnn
+        from bench.metrics.fidelity import evaluate
+        metrics = evaluate(images_uint8, _reference_images(), bootstrap=self.bootstrap, seed=seed,
+                           progress=progress, kid_subset_size=min(1000, len(images_uint8)))
+        cnn = load_feature_cnn(DEFAULT_WEIGHTS_PATH).eval()
+        with torch.no_grad():
+            pred = torch.cat([cnn.logits(images_uint8[i:i + 256]).argmax(1) for i in range(0, len(images_uint8), 256)])
+        hit = (pred == labels).float()
+        metrics["class_acc"] = {"value": hit.mean().item(), "stderr": (hit.std() / len(hit) ** 0.5).item(),
+                                "n": len(hit), "higher_is_better": True,
+                                "error": "binomial standard error over samples"}
+        return metrics
+
+    def data(self, n: int, split: str, vae):
+        return _tokens(n, "calib" if split == "calib" else "train", vae)
