@@ -29,7 +29,19 @@ def _cmd_info(args) -> int:
 
     card = MODELS.get(args.model)
     gen = card.build(device="meta")
+    chain = [m.strip() for m in args.method.split("+") if m.strip()] if args.method else []
+    if chain:
+        from bench.method import Context, apply_chain
+        try:  # structure-only methods (e.g. magnitude) run on the meta device: sizes need no weights
+            gen = apply_chain(gen, chain, Context(progress=False))
+        except Exception as e:
+            print(f"varbench: error: cannot account for {' + '.join(chain)} without weights or data "
+                  f"({type(e).__name__}: {e}); `varbench run` records params and FLOPs of the real model.",
+                  file=sys.stderr)
+            return 2
     out = info(gen, name=args.model, image_size=card.image_size)
+    if chain:
+        out["methods"] = chain
     if args.json:
         print(json.dumps(out))
         return 0
@@ -57,7 +69,7 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_table(args) -> int:
-    from bench.records import find_record
+    from bench.records import RunSpec, find_record
     from bench.registry import BENCHES, MODELS, TABLES
     from bench.render import load_spec, render
     from bench.runner import missing_methods, run
@@ -81,7 +93,6 @@ def _cmd_table(args) -> int:
                     row_notes[row.label] = (f"not computed: method(s) {', '.join(sorted(set(missing)))} "
                                             f"not implemented in varbench yet")
                     continue
-                from bench.records import RunSpec
                 rs = RunSpec(world=world, model=spec.model_for(row, world), methods=chain, bench=bench.name,
                              n=n, seed=args.seed, sampling=sampling)
                 rec = None if args.force else find_record(rs, args.results)
@@ -113,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "parameter counts, FLOPs to sample one image with and without the CFG doubling "
                                     "(torch.utils.flop_counter), and the token count of every scale.")
     sp.add_argument("model", help="registered model name (see `varbench list models`)")
+    sp.add_argument("--method", default="", help="method chain applied first, e.g. 'magnitude:sparsity=0.4' "
+                    "(structural methods only: no weights are loaded)")
     sp.add_argument("--json", action="store_true", help="print one JSON object (keys: DESIGN.md §5)")
     sp.set_defaults(func=_cmd_info)
 

@@ -45,7 +45,7 @@ def keep_heads(block: AdaLNSelfAttn, heads: torch.Tensor) -> None:
     attn = block.attn
     heads = heads.sort().values
     c, HC = attn.c, attn.H * attn.c
-    dims = (heads[:, None] * c + torch.arange(c)).flatten()               # kept dims in [0, H·c)
+    dims = (heads[:, None] * c + torch.arange(c, device=heads.device)).flatten()               # kept dims in [0, H·c)
     attn.mat_qkv = _rows(attn.mat_qkv, torch.cat((dims, dims + HC, dims + 2 * HC)))   # [q | k | v] layout
     attn.q_bias = nn.Parameter(attn.q_bias.data[dims].clone())
     attn.v_bias = nn.Parameter(attn.v_bias.data[dims].clone())

@@ -79,7 +79,8 @@ def run(spec: RunSpec, root=DEFAULT_ROOT, force: bool = False, ckpt_dir=None, pr
     cost = {"params": count_params(gen.var), "tokenizer_params": count_params(gen.vae),
             "flops": sampling_flops(gen, cfg=spec.sampling.get("cfg", 1.5)),
             "flops_no_cfg": sampling_flops(gen, cfg=None),
-            "images_per_s": spec.n / timings["sample_s"], "sample_batch": bench.batch_size}
+            "images_per_s": spec.n / timings["sample_s"], "sample_batch": bench.batch_size,
+            "latency_ms_per_image": 1000 * timings["sample_s"] / spec.n, "device": device}
     rec = make_record(spec, metrics, cost, timings, ckpt_sha256=sha256(var_file) if var_file.is_file() else None,
                       notes=ctx.notes, device=device)
     write_record(path, rec)

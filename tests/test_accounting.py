@@ -64,3 +64,12 @@ def test_more_tokens_more_flops():
         with torch.device("meta"):
             flops.append(sampling_flops(Generator(VAR(SMALL_VAR.replace(patch_nums=pns)), VQVAE(vcfg)), cfg=None))
     assert flops == sorted(flops) and len(set(flops)) == len(flops)
+
+
+def test_info_with_a_structural_method_matches_the_paper_sizes(capsys):
+    """EVAR: VAR-d16 at 40% / 20% sparsity has 230M / 270M parameters."""
+    for s, paper in ((0.4, 230e6), (0.2, 270e6)):
+        assert main(["info", "var-d16", "--method", f"magnitude:sparsity={s}", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert abs(out["params"] - paper) / paper < 0.01
+        assert out["heads"][0] == 16 - round(16 * s) and out["methods"] == [f"magnitude:sparsity={s}"]

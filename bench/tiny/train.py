@@ -110,7 +110,8 @@ def tokenize_pool(vae: VQVAE, imgs_uint8: torch.Tensor, batch: int = 512, progre
 
 
 def train_var(vae: VQVAE, recipe: dict = VAR_RECIPE, progress: bool = True,
-              init: Optional[VAR] = None) -> (VAR, dict):
+              init: Optional[VAR] = None, snapshot: Optional[Path] = None) -> (VAR, dict):
+    """``snapshot``: also save the weights there every 500 steps (to watch a long run)."""
     torch.manual_seed(recipe["seed"])
     imgs, labels = tinyshapes.generate(recipe["pool"], "train")
     tokens = tokenize_pool(vae, imgs, progress=progress)
@@ -138,6 +139,8 @@ def train_var(vae: VQVAE, recipe: dict = VAR_RECIPE, progress: bool = True,
         if step % 50 == 0 or step == recipe["steps"] - 1:
             curve.append({"step": step, "loss": round(loss.item(), 5)})
             bar.set_postfix(ce=f"{loss.item():.3f}")
+        if snapshot is not None and (step + 1) % 500 == 0:
+            save_safetensors(var, snapshot, configs.TINY_VAR.to_dict())
     var.eval()
     return var, {"curve": curve}
 
@@ -231,7 +234,8 @@ def run(out: Path, stages=STAGES, progress: bool = True) -> None:
     if "var" in stages:
         t0 = time.time()
         vae = load_tiny_vae(out)
-        var, info = train_var(vae, progress=progress)
+        var, info = train_var(vae, progress=progress, snapshot=out / "tiny_var.snapshot.safetensors")
+        (out / "tiny_var.snapshot.safetensors").unlink(missing_ok=True)
         save_safetensors(var, out / "tiny_var.safetensors", configs.TINY_VAR.to_dict())
         write_manifest(out, {"tiny-var": {"file": "tiny_var.safetensors", "recipe": VAR_RECIPE,
                                           "config": configs.TINY_VAR.to_dict(), "train_seconds": round(time.time() - t0),
