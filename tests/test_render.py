@@ -101,7 +101,7 @@ def test_render_fills_exactly_the_cells_with_records(tmp_path):
         "ours": None, "stderr": None, "paper": 152.29, "text": "/ 152.29", "tex": "/ 152.29",
         "run_id": None, "methods": ["magnitude:sparsity=0.2"]}
     assert [rows["Dense"]["cells"][c]["text"] for c in ("tf40_fid", "tf20_is", "ft40_fid")] == \
-        ["3.00 / –", "20.00 / –", "3.00 / –"]  # one dense run fills every group
+        ["3.00 / 3.55", "20.00 / 274.40", "3.00 / 3.55"]  # one dense run fills every group (paper: EVAR Tab. 1 dense)
     filled = [(r["label"], c) for r in out["json"]["rows"] for c, v in r["cells"].items() if v["ours"] is not None]
     assert sorted(filled) == sorted([("Magnitude", "tf40_fid"), ("Magnitude", "tf40_is")]
                                     + [("Dense", c) for c in rows["Dense"]["cells"]])
