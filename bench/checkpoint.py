@@ -93,9 +93,11 @@ def check_state_dict(model: torch.nn.Module, sd: Mapping[str, torch.Tensor], wha
         raise CheckpointMismatch(what, missing, unexpected, dict(sorted(wrong.items())))
 
 
-def load_strict(model: torch.nn.Module, sd: Mapping[str, torch.Tensor], what: str = "checkpoint") -> torch.nn.Module:
+def load_strict(model: torch.nn.Module, sd: Mapping[str, torch.Tensor], what: str = "checkpoint",
+                assign: bool = False) -> torch.nn.Module:
+    """Strict key/shape check, then load (``assign=True`` for a model built on the meta device)."""
     check_state_dict(model, sd, what)
-    model.load_state_dict(sd, strict=True)
+    model.load_state_dict(sd, strict=True, assign=assign)
     return model
 
 

@@ -172,9 +172,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         from bench.tiny.train import main as train_main
         return train_main(argv[1:])
     args = build_parser().parse_args(argv)
+    from bench.checkpoint import CheckpointError
     try:
         return args.func(args)
-    except UnknownNameError as e:
+    except (UnknownNameError, CheckpointError, FileNotFoundError, ValueError) as e:
+        # what the user can fix (names, files, arguments): one clear message, no stack trace
         print(f"varbench: error: {e}", file=sys.stderr)
         return 2
 

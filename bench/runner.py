@@ -30,8 +30,12 @@ def make_spec(model: str, methods=(), bench: Optional[str] = None, n: Optional[i
                          f"bench {bench_name} is {b.world}-world")
     for m in methods:
         METHODS.get(parse_method(m)[0])
-    return RunSpec(world=world, model=model, methods=tuple(methods), bench=bench_name,
-                   n=n if n is not None else b.default_n, seed=seed, sampling={**card.sampling, **(sampling or {})})
+    n = n if n is not None else b.default_n
+    if n <= 0 or n % b.num_classes:
+        raise ValueError(f"--n {n}: {bench_name} needs a positive multiple of its {b.num_classes} classes "
+                         f"(default {b.default_n})")
+    return RunSpec(world=world, model=model, methods=tuple(methods), bench=bench_name, n=n, seed=seed,
+                   sampling={**card.sampling, **(sampling or {})})
 
 
 def missing_methods(methods) -> list:

@@ -60,7 +60,7 @@ def load_vae(path, cfg: VQVAEConfig, device="cpu") -> VQVAE:
     if hit is not None and hit.shape != vae.quantize.ema_vocab_hit_SV.shape:
         # As official VQVAE.load_state_dict: codebook-usage statistics depend on the scale count.
         sd["quantize.ema_vocab_hit_SV"] = torch.zeros(vae.quantize.ema_vocab_hit_SV.shape)
-    load_strict_assign(vae, sd, Path(path).name)
+    load_strict(vae, sd, Path(path).name, assign=True)
     return vae.to(device).eval().requires_grad_(False)
 
 
@@ -74,15 +74,8 @@ def load_var(path, cfg: VARConfig, device="cpu") -> VAR:
         pass  # keys missing: the strict check below lists them all
     with torch.device("meta"):
         var = VAR(cfg)
-    load_strict_assign(var, sd, Path(path).name)
+    load_strict(var, sd, Path(path).name, assign=True)
     return var.to(device).eval()
-
-
-def load_strict_assign(model: torch.nn.Module, sd, what: str) -> None:
-    """Strict key/shape check, then load by assignment (the model was built on the meta device)."""
-    from bench.checkpoint import check_state_dict
-    check_state_dict(model, sd, what)
-    model.load_state_dict(sd, strict=True, assign=True)
 
 
 def load_generator(var_path, vae_path, card: ModelCard, device="cpu") -> Generator:
@@ -111,4 +104,3 @@ def _tiny_var() -> ModelCard:
 
 MODELS.register("tiny-var", _tiny_var())
 
-__all__ = ["ModelCard", "load_generator", "load_var", "load_vae", "load_strict"]
