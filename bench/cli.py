@@ -56,11 +56,17 @@ def _cmd_info(args) -> int:
     return 0
 
 
+def _sampling_overrides(args) -> dict:
+    given = {"cfg": args.cfg, "top_k": args.top_k, "top_p": args.top_p}
+    return {k: v for k, v in given.items() if v is not None}
+
+
 def _cmd_run(args) -> int:
     from bench.runner import make_spec, run
 
     spec = make_spec(args.model, [m.strip() for m in args.method.split("+") if m.strip()] if args.method else [],
-                     bench=args.bench, n=args.n, seed=args.seed, world=args.world)
+                     bench=args.bench, n=args.n, seed=args.seed, world=args.world,
+                     sampling=_sampling_overrides(args))
     rec = run(spec, root=args.results, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet)
     print(json.dumps({"run_id": rec["run_id"], "path": str(spec.path(args.results)),
                       "metrics": {k: v["value"] for k, v in rec["metrics"].items()},
@@ -77,10 +83,10 @@ def _cmd_table(args) -> int:
     names = TABLES.names() if args.name == "all" else [args.name]
     for name in names:
         spec = load_spec(name)
-        world = args.world
+        world = args.world or "tiny"
         bench = BENCHES.get(spec.bench_for(world))
         model_name = spec.model.get(world)
-        sampling = dict(MODELS.get(model_name).sampling) if model_name else {}
+        sampling = {**(MODELS.get(model_name).sampling if model_name else {}), **_sampling_overrides(args)}
         n = args.n or spec.n.get(world) or bench.default_n
         row_notes, records = {}, {}
         for row in spec.rows:
@@ -130,14 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=_cmd_info)
 
     def common(sp):
-        sp.add_argument("--world", choices=("tiny", "paper"), default="tiny", help="tiny (default): shipped tiny "
-                        "models and generated data; paper: official checkpoints and real data")
+        sp.add_argument("--world", choices=("tiny", "paper"), default=None, help="tiny (default; for `run` the "
+                        "model's world): shipped tiny models and generated data; paper: official checkpoints and real data")
         sp.add_argument("--seed", type=int, default=0, help="run seed (sampling batches, bootstrap, recovery)")
         sp.add_argument("--n", type=int, default=None, help="images per run (default: the bench's protocol)")
         sp.add_argument("--results", default="results", help="record folder (default: results/)")
         sp.add_argument("--ckpt-dir", default=None, help="checkpoint folder (paper world; else $VARBENCH_CKPT_DIR)")
         sp.add_argument("--force", action="store_true", help="rerun even if a record exists")
         sp.add_argument("--quiet", action="store_true", help="no progress bars")
+        sp.add_argument("--cfg", type=float, default=None, help="override the model's CFG scale (paper: 1.5)")
+        sp.add_argument("--top-k", type=int, default=None, help="override top-k (paper: 900)")
+        sp.add_argument("--top-p", type=float, default=None, help="override top-p (paper: 0.96)")
 
     sp = sub.add_parser("run", help="one run: model + method chain + bench -> one JSON record",
                         description="Apply a method chain to a model, sample the bench's images, score them and "
