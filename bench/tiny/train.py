@@ -60,7 +60,8 @@ def vae_psnr(vae: VQVAE, imgs_uint8: torch.Tensor, batch: int = 256) -> float:
     return psnr(rec, imgs_uint8)
 
 
-def train_vqvae(recipe: dict = VAE_RECIPE, progress: bool = True) -> (VQVAE, dict):
+def train_vqvae(recipe: Optional[dict] = None, progress: bool = True) -> (VQVAE, dict):
+    recipe = recipe or VAE_RECIPE
     torch.manual_seed(recipe["seed"])
     imgs, _ = tinyshapes.generate(recipe["pool"], "train")
     val, _ = tinyshapes.generate(512, "val")
@@ -109,9 +110,10 @@ def tokenize_pool(vae: VQVAE, imgs_uint8: torch.Tensor, batch: int = 512, progre
     return [torch.cat([p[si] for p in parts]) for si in range(len(parts[0]))]
 
 
-def train_var(vae: VQVAE, recipe: dict = VAR_RECIPE, progress: bool = True,
+def train_var(vae: VQVAE, recipe: Optional[dict] = None, progress: bool = True,
               init: Optional[VAR] = None, snapshot: Optional[Path] = None) -> (VAR, dict):
     """``snapshot``: also save the weights there every 500 steps (to watch a long run)."""
+    recipe = recipe or VAR_RECIPE
     torch.manual_seed(recipe["seed"])
     imgs, labels = tinyshapes.generate(recipe["pool"], "train")
     tokens = tokenize_pool(vae, imgs, progress=progress)
@@ -204,7 +206,7 @@ def load_tiny_vae(out: Path) -> VQVAE:
     return load_vae(out / "tiny_vqvae.safetensors", configs.TINY_VAE)
 
 
-def run(out: Path, stages=STAGES, progress: bool = True) -> None:
+def run(out: Path, stages=STAGES, progress: bool = True, eval_per_class: int = 50) -> None:
     """Train the requested stages in order; each stage saves its checkpoint and manifest entry."""
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -242,7 +244,7 @@ def run(out: Path, stages=STAGES, progress: bool = True) -> None:
                                           "curve": info["curve"]}})
     if "eval" in stages:
         from bench.tiny.quality import measure_tiny_var
-        q = measure_tiny_var(out, progress=progress)
+        q = measure_tiny_var(out, per_class=eval_per_class, progress=progress)
         manifest = json.loads((out / "manifest.json").read_text())
         entry = manifest["models"]["tiny-var"]
         entry["quality"] = q
