@@ -24,17 +24,17 @@ test-all: setup
 lint: setup
 	$(BIN)/ruff check bench methods tests
 
-table1 table2 table3 table4 table5: setup
+table1 table2 table3 table4: setup
 	$(BIN)/varbench table evar-$@ --world $(WORLD)
+
+table5: setup
+	@echo "evar-table5 (Core ML operator assignment and latency) is not in varbench yet: it lands with the latency bench." >&2; exit 2
 
 tables: setup
 	$(BIN)/varbench table all --world $(WORLD)
 
-leaderboard: setup
-	$(BIN)/varbench leaderboard --world $(WORLD)
-
-figures: setup
-	$(BIN)/varbench figures --world $(WORLD)
+leaderboard figures: setup
+	@echo "varbench $@ is not implemented yet (planned: rendered from records like the tables)." >&2; exit 2
 
 tiny-models: setup
 	$(BIN)/varbench train-tiny --out assets/tiny
