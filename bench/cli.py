@@ -6,6 +6,7 @@ import json
 import sys
 from typing import List, Optional
 
+from bench.defaults import DEFAULT_WORLD, WORLDS
 from bench.registry import REGISTRIES, UnknownNameError
 
 
@@ -29,9 +30,10 @@ def _cmd_info(args) -> int:
 
     card = MODELS.get(args.model)
     gen = card.build(device="meta")
-    chain = [m.strip() for m in args.method.split("+") if m.strip()] if args.method else []
+    from bench.method import Context, apply_chain, parse_chain
+
+    chain = parse_chain(args.method)
     if chain:
-        from bench.method import Context, apply_chain
         try:  # structure-only methods (e.g. magnitude) run on the meta device: sizes need no weights
             gen = apply_chain(gen, chain, Context(progress=False))
         except Exception as e:
@@ -62,9 +64,10 @@ def _sampling_overrides(args) -> dict:
 
 
 def _cmd_run(args) -> int:
+    from bench.method import parse_chain
     from bench.runner import make_spec, run
 
-    spec = make_spec(args.model, [m.strip() for m in args.method.split("+") if m.strip()] if args.method else [],
+    spec = make_spec(args.model, parse_chain(args.method),
                      bench=args.bench, n=args.n, seed=args.seed, world=args.world,
                      sampling=_sampling_overrides(args))
     rec = run(spec, root=args.results, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet)
@@ -83,7 +86,7 @@ def _cmd_table(args) -> int:
     names = TABLES.names() if args.name == "all" else [args.name]
     for name in names:
         spec = load_spec(name)
-        world = args.world or "tiny"
+        world = args.world or DEFAULT_WORLD
         bench = BENCHES.get(spec.bench_for(world))
         model_name = spec.model.get(world)
         sampling = {**(MODELS.get(model_name).sampling if model_name else {}), **_sampling_overrides(args)}
@@ -136,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=_cmd_info)
 
     def common(sp):
-        sp.add_argument("--world", choices=("tiny", "paper"), default=None, help="tiny (default; for `run` the "
+        sp.add_argument("--world", choices=WORLDS, default=None, help="tiny (default; for `run` the "
                         "model's world): shipped tiny models and generated data; paper: official checkpoints and real data")
         sp.add_argument("--seed", type=int, default=0, help="run seed (sampling batches, bootstrap, recovery)")
         sp.add_argument("--n", type=int, default=None, help="images per run (default: the bench's protocol)")

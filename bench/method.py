@@ -100,6 +100,11 @@ def resolve_params(name: str, given: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def parse_chain(text: str) -> List[str]:
+    """``"magnitude:sparsity=0.4 + ft:epochs=1"`` → ``["magnitude:sparsity=0.4", "ft:epochs=1"]``."""
+    return [m.strip() for m in (text or "").split("+") if m.strip()]
+
+
 def build_method(spec: str) -> Method:
     name, params = parse_method(spec)
     cls = METHODS.get(name)

@@ -122,3 +122,15 @@ def test_missing_official_checkpoint_names_file_source_and_folder(tmp_path):
     msg = str(e.value)
     assert "vae_ch160v4096z32.pth not found in" in msg and str(tmp_path) in msg
     assert "huggingface.co/FoundationVision/var" in msg and "never downloads" in msg
+
+
+def test_vae_from_another_schedule_keeps_our_usage_buffer(tmp_path):
+    """Official behaviour: ema_vocab_hit_SV has one row per scale; a file for another schedule still loads."""
+    from bench.models.vqvae import VQVAEConfig
+    from bench.models.zoo import load_vae
+    sd = randomize_(VQVAE(SMALL_VAE), 5).state_dict()
+    torch.save(sd, tmp_path / "vae.pth")
+    other = VQVAEConfig(**{**SMALL_VAE.to_dict(), "patch_nums": (1, 2, 8)})
+    vae = load_vae(tmp_path / "vae.pth", other)
+    assert vae.quantize.ema_vocab_hit_SV.shape == (3, 64)
+    assert torch.equal(vae.quantize.embedding.weight, sd["quantize.embedding.weight"])

@@ -19,6 +19,8 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
+from bench.models.generator import to_uint8
+
 SHAPES = ("circle", "square", "triangle", "cross")
 COLOURS = {"red": (0.86, 0.16, 0.14), "green": (0.16, 0.72, 0.22), "blue": (0.16, 0.30, 0.88)}
 CLASSES = tuple(f"{c} {s}" for s in SHAPES for c in COLOURS)
@@ -74,7 +76,7 @@ def _chunk(split: str, chunk: int, size: int) -> Tuple[torch.Tensor, torch.Tenso
 
     img = bg * (1 - mask) + fg_img * mask
     img = F.avg_pool2d(img, SUPERSAMPLE).clamp(0, 1)
-    return img.mul(255).add(0.5).clamp(0, 255).to(torch.uint8), labels
+    return to_uint8(img), labels
 
 
 def generate(n: int, split: str = "train", size: int = 32, start: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:

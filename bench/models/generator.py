@@ -12,7 +12,7 @@ runner derives per-batch seeds from the run seed.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -138,10 +138,6 @@ class Generator(nn.Module):
     def forward_teacher(self, labels_B: torch.Tensor, tokens: Sequence[torch.Tensor]) -> torch.Tensor:
         """Logits [B, L, V] of the whole token pyramid under the block-causal mask."""
         return self.var(labels_B, self.vae.quantize.idx_to_var_input(tokens))
-
-    def tokenize(self, img_B3HW_pm1: torch.Tensor) -> List[torch.Tensor]:
-        with torch.no_grad():
-            return self.vae.img_to_idx(img_B3HW_pm1)
 
     def loss(self, labels_B: torch.Tensor, tokens: Sequence[torch.Tensor]) -> torch.Tensor:
         """Mean token cross-entropy over all scales (VAR training loss)."""

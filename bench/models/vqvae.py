@@ -350,10 +350,14 @@ class VQVAE(nn.Module):
     def reconstruct(self, img_B3HW: torch.Tensor) -> torch.Tensor:
         return self.fhat_to_img(self.quantize.f_to_idx(self.quant_conv(self.encoder(img_B3HW)), to_fhat=True)[-1])
 
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        # As official: the codebook-usage statistics buffer depends on the scale count; take ours.
+    def adapt_state_dict(self, state_dict) -> dict:
+        """As official ``VQVAE.load_state_dict``: the codebook-usage statistics buffer depends on the
+        scale count, so a file made for another schedule keeps ours (zeros) instead of failing."""
         sd = dict(state_dict)
-        hit = sd.get("quantize.ema_vocab_hit_SV")
-        if hit is not None and hit.shape[0] != self.quantize.ema_vocab_hit_SV.shape[0]:
-            sd["quantize.ema_vocab_hit_SV"] = self.quantize.ema_vocab_hit_SV
-        return super().load_state_dict(sd, strict=strict, assign=assign)
+        hit, ours = sd.get("quantize.ema_vocab_hit_SV"), self.quantize.ema_vocab_hit_SV
+        if hit is not None and hit.shape != ours.shape:
+            sd["quantize.ema_vocab_hit_SV"] = torch.zeros(ours.shape, dtype=ours.dtype)
+        return sd
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        return super().load_state_dict(self.adapt_state_dict(state_dict), strict=strict, assign=assign)

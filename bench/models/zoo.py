@@ -56,11 +56,7 @@ def load_vae(path, cfg: VQVAEConfig, device="cpu") -> VQVAE:
     sd = read_state_dict(path)
     with torch.device("meta"):
         vae = VQVAE(cfg)
-    hit = sd.get("quantize.ema_vocab_hit_SV")
-    if hit is not None and hit.shape != vae.quantize.ema_vocab_hit_SV.shape:
-        # As official VQVAE.load_state_dict: codebook-usage statistics depend on the scale count.
-        sd["quantize.ema_vocab_hit_SV"] = torch.zeros(vae.quantize.ema_vocab_hit_SV.shape)
-    load_strict(vae, sd, Path(path).name, assign=True)
+    load_strict(vae, vae.adapt_state_dict(sd), Path(path).name, assign=True)
     return vae.to(device).eval().requires_grad_(False)
 
 

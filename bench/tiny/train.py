@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from bench.data import tinyshapes
-from bench.models.generator import Generator
+from bench.models.generator import Generator, to_uint8
 from bench.models.var import VAR
 from bench.models.vqvae import VQVAE
 from bench.tiny import configs
@@ -48,14 +48,10 @@ def psnr(a_uint8: torch.Tensor, b_uint8: torch.Tensor) -> float:
     return 10 * math.log10(255 ** 2 / max(mse, 1e-10))
 
 
-def _to_uint8(x_pm1: torch.Tensor) -> torch.Tensor:
-    return x_pm1.clamp(-1, 1).add(1).mul(127.5).add(0.5).clamp(0, 255).to(torch.uint8)
-
-
 @torch.no_grad()
 def vae_psnr(vae: VQVAE, imgs_uint8: torch.Tensor, batch: int = 256) -> float:
     vae.eval()
-    rec = torch.cat([_to_uint8(vae.reconstruct(tinyshapes.to_pm1(imgs_uint8[i:i + batch])))
+    rec = torch.cat([to_uint8(vae.reconstruct(tinyshapes.to_pm1(imgs_uint8[i:i + batch])).add(1).mul(0.5))
                      for i in range(0, len(imgs_uint8), batch)])
     return psnr(rec, imgs_uint8)
 
