@@ -78,38 +78,36 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_table(args) -> int:
-    from bench.records import RunSpec, find_record
+    from bench.records import find_record
     from bench.registry import BENCHES, MODELS, TABLES
     from bench.render import load_spec, render
     from bench.runner import missing_methods, run
 
-    names = TABLES.names() if args.name == "all" else [args.name]
-    for name in names:
+    world = args.world or DEFAULT_WORLD
+    for name in TABLES.names() if args.name == "all" else [args.name]:
         spec = load_spec(name)
-        world = args.world or DEFAULT_WORLD
         bench = BENCHES.get(spec.bench_for(world))
         model_name = spec.model.get(world)
         sampling = {**(MODELS.get(model_name).sampling if model_name else {}), **_sampling_overrides(args)}
         n = args.n or spec.n.get(world) or bench.default_n
-        row_notes, records = {}, {}
+        # rows whose chain needs a method varbench does not have yet stay empty and say why
+        row_notes = {}
         for row in spec.rows:
-            if spec.skip_reason(row, world):
+            missing = set() if spec.skip_reason(row, world) else \
+                {m for g in spec.groups for m in missing_methods(spec.chain(row, g))}
+            if missing:
+                row_notes[row.label] = f"not computed: method(s) {', '.join(sorted(missing))} not implemented in varbench yet"
+        records = {}
+        for rs in spec.runs(world, n=n, seed=args.seed, sampling=sampling):   # deduplicated across rows and groups
+            if missing_methods(rs.methods):
                 continue
-            for group in spec.groups:
-                chain = spec.chain(row, group)
-                missing = missing_methods(chain)
-                if missing:
-                    row_notes[row.label] = (f"not computed: method(s) {', '.join(sorted(set(missing)))} "
-                                            f"not implemented in varbench yet")
-                    continue
-                rs = RunSpec(world=world, model=spec.model_for(row, world), methods=chain, bench=bench.name,
-                             n=n, seed=args.seed, sampling=sampling)
-                rec = None if args.force else find_record(rs, args.results)
-                if rec is None and not args.no_run:
-                    print(f"[{name}] running {rs.label()}", file=sys.stderr)
-                    rec = run(rs, root=args.results, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet)
-                if rec is not None:
-                    records[rec["run_id"]] = rec
+            if args.no_run:
+                rec = find_record(rs, args.results)
+            else:
+                print(f"[{name}] {rs.label()}", file=sys.stderr)
+                rec = run(rs, root=args.results, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet)
+            if rec is not None:
+                records[rec["run_id"]] = rec
         out = render(spec, world, records, row_notes=row_notes, out_dir=args.out,
                      formats=tuple(args.format.split(",")), n=n, seed=args.seed, sampling=sampling)
         if "md" in out:

@@ -42,6 +42,15 @@ def missing_methods(methods) -> list:
     return [parse_method(m)[0] for m in methods if parse_method(m)[0] not in METHODS]
 
 
+@torch.no_grad()
+def sample(gen, bench, labels: torch.Tensor, seed: int, sampling: dict, progress: bool = True,
+           desc: str = "sample") -> torch.Tensor:
+    """The bench's images: batches of ``bench.batch_size`` in label order, one seed per batch."""
+    batches = range(0, len(labels), bench.batch_size)
+    return torch.cat([gen.generate(labels[s:s + bench.batch_size], seed=bench.batch_seed(seed, bi), **sampling).cpu()
+                      for bi, s in enumerate(tqdm(batches, desc=desc, disable=not progress))])
+
+
 def run(spec: RunSpec, root=DEFAULT_ROOT, force: bool = False, ckpt_dir=None, progress: bool = True,
         device: str = "cpu") -> Dict:
     path = spec.path(root)
@@ -66,13 +75,8 @@ def run(spec: RunSpec, root=DEFAULT_ROOT, force: bool = False, ckpt_dir=None, pr
     timings["methods_s"] = time.perf_counter() - t
 
     labels = bench.labels(spec.n)
-    images = []
     t = time.perf_counter()
-    batches = range(0, spec.n, bench.batch_size)
-    for bi, start in enumerate(tqdm(batches, desc=f"sample {spec.model} {spec.label()}", disable=not progress)):
-        images.append(gen.generate(labels[start:start + bench.batch_size], seed=bench.batch_seed(spec.seed, bi),
-                                   **spec.sampling).cpu())
-    images = torch.cat(images)
+    images = sample(gen, bench, labels, spec.seed, spec.sampling, progress, desc=f"sample {spec.label()}")
     timings["sample_s"] = time.perf_counter() - t
 
     t = time.perf_counter()

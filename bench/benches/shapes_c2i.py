@@ -25,9 +25,11 @@ from bench.registry import BENCHES
 REF_N = 1200
 
 
-@lru_cache(maxsize=2)
-def _reference_images() -> torch.Tensor:
-    return tinyshapes.generate(REF_N, "ref")[0]
+@lru_cache(maxsize=4)
+def _reference_features(weights_path: str) -> dict:
+    """Feature-CNN features of the reference set, extracted once per process (not once per run)."""
+    from bench.metrics.fidelity import extract_features
+    return extract_features(tinyshapes.generate(REF_N, "ref")[0], weights_path=weights_path)
 
 
 def _tokens(n: int, split: str, vae) -> Tuple[torch.Tensor, List[torch.Tensor]]:
@@ -45,12 +47,17 @@ class ShapesC2I(Bench):
     epoch_size = 6144
     bootstrap = 10
 
+    def __init__(self, feature_weights=None):
+        from bench.metrics.features import DEFAULT_WEIGHTS_PATH
+        self.feature_weights = str(feature_weights or DEFAULT_WEIGHTS_PATH)
+
     def evaluate(self, images_uint8, labels, seed=0, progress=True) -> Dict[str, dict]:
-        from bench.metrics.features import DEFAULT_WEIGHTS_PATH, load_feature_cnn
+        from bench.metrics.features import load_feature_cnn
         from bench.metrics.fidelity import evaluate
-        metrics = evaluate(images_uint8, _reference_images(), bootstrap=self.bootstrap, seed=seed,
-                           progress=progress, kid_subset_size=min(1000, len(images_uint8)))
-        cnn = load_feature_cnn(DEFAULT_WEIGHTS_PATH).eval()
+        metrics = evaluate(images_uint8, _reference_features(self.feature_weights), bootstrap=self.bootstrap,
+                           seed=seed, progress=progress, weights_path=self.feature_weights,
+                           kid_subset_size=min(1000, len(images_uint8)))
+        cnn = load_feature_cnn(self.feature_weights).eval()
         with torch.no_grad():
             pred = torch.cat([cnn.logits(images_uint8[i:i + 256]).argmax(1) for i in range(0, len(images_uint8), 256)])
         hit = (pred == labels).float()
