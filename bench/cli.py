@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train-tiny"]:
-        from bench.tiny.train import main as train_main
+        from bench.recipes.tiny import main as train_main
         return train_main(argv[1:])
     args = build_parser().parse_args(argv)
     from bench.checkpoint import CheckpointError

@@ -1,7 +1,7 @@
 """The `make tiny-models` recipes run end to end (a few steps each) and write a complete manifest."""
 import json
 
-from bench.tiny import train
+from bench.recipes import tiny as train
 
 
 def test_recipes_smoke(tmp_path, monkeypatch):

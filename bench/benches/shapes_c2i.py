@@ -33,9 +33,9 @@ def _reference_features(weights_path: str) -> dict:
 
 
 def _tokens(n: int, split: str, vae) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-    from bench.tiny.train import tokenize_pool
+    from bench.data.tokens import tokenize_images
     imgs, labels = tinyshapes.generate(n, split)
-    return labels, tokenize_pool(vae, imgs, progress=False)
+    return labels, tokenize_images(vae, imgs, progress=False)
 
 
 @BENCHES.register("shapes-c2i")

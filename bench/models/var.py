@@ -10,60 +10,16 @@ Shapes are named in variables: B batch, L tokens, C width, H heads, c head dim, 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from bench.models.configs import VARConfig  # noqa: F401  (re-exported: the config is torch-free)
+
 # route(kind, block_idx, h_BLC, fn) -> out_BLC: the per-scale token-policy hook (DESIGN.md §4).
 Route = Optional[Callable[[str, int, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]]
-
-
-@dataclass(frozen=True)
-class VARConfig:
-    depth: int = 16
-    width: int = 1024                       # C; official: 64·depth
-    num_heads: int = 16                     # official: depth (head dim 64)
-    mlp_ratio: float = 4.0
-    num_classes: int = 1000
-    vocab_size: int = 4096                  # V (from the VQVAE)
-    Cvae: int = 32
-    patch_nums: Tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
-    attn_l2_norm: bool = True
-    shared_aln: bool = False
-    norm_eps: float = 1e-6
-    cond_drop_rate: float = 0.1
-    drop_path_rate: float = 0.0             # official: 0.1·depth/24 when training
-    # Per-block sizes of physically pruned models; None = the dense sizes above.
-    heads: Optional[Tuple[int, ...]] = None
-    ffn_hidden: Optional[Tuple[int, ...]] = None
-    head_dim: Optional[int] = None          # default width // num_heads
-
-    @classmethod
-    def official(cls, depth: int, **kw) -> "VARConfig":
-        return cls(depth=depth, width=64 * depth, num_heads=depth, **kw)
-
-    def block_heads(self, i: int) -> int:
-        return self.heads[i] if self.heads is not None else self.num_heads
-
-    def block_ffn(self, i: int) -> int:
-        return self.ffn_hidden[i] if self.ffn_hidden is not None else round(self.width * self.mlp_ratio)
-
-    @property
-    def hd(self) -> int:
-        return self.head_dim or self.width // self.num_heads
-
-    @property
-    def L(self) -> int:
-        return sum(pn * pn for pn in self.patch_nums)
-
-    def replace(self, **kw) -> "VARConfig":
-        return replace(self, **kw)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class SelfAttention(nn.Module):

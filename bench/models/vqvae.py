@@ -11,7 +11,6 @@ to the full latent size, passed through φ_k and added to ``f_hat``.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import List, Sequence, Tuple
 
 import numpy as np
@@ -19,25 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-@dataclass(frozen=True)
-class VQVAEConfig:
-    vocab_size: int = 4096
-    z_channels: int = 32          # Cvae
-    ch: int = 160
-    ch_mult: Tuple[int, ...] = (1, 1, 2, 2, 4)
-    num_res_blocks: int = 2
-    using_sa: bool = True
-    using_mid_sa: bool = True
-    dropout: float = 0.0
-    beta: float = 0.25            # commitment weight
-    quant_conv_ks: int = 3
-    quant_resi: float = 0.5       # φ(x) = (1-0.5)·x + 0.5·conv3x3(x)
-    share_quant_resi: int = 4     # 0: one φ per scale, 1: one φ for all, n>1: n partially shared φ
-    patch_nums: Tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from bench.models.configs import VQVAEConfig  # noqa: F401  (re-exported: the config is torch-free)
 
 
 # ---------------------------------------------------------------- encoder / decoder (taming/LDM style)
@@ -316,9 +297,9 @@ class MultiScaleQuantizer(nn.Module):
 
 # ---------------------------------------------------------------- the VQVAE
 class VQVAE(nn.Module):
-    def __init__(self, cfg: VQVAEConfig = VQVAEConfig()):
+    def __init__(self, cfg: VQVAEConfig | None = None):
         super().__init__()
-        self.cfg = cfg
+        self.cfg = cfg = cfg or VQVAEConfig()
         self.V, self.Cvae = cfg.vocab_size, cfg.z_channels
         self.downsample = 2 ** (len(cfg.ch_mult) - 1)
         self.encoder = Encoder(cfg)

@@ -94,7 +94,7 @@ def _tiny_var() -> ModelCard:
     from bench.tiny.assets import ASSETS
     return ModelCard(name="tiny-var", var_cfg=configs.TINY_VAR, vae_cfg=configs.TINY_VAE,
                      var_file="tiny_var.safetensors", vae_file="tiny_vqvae.safetensors",
-                     source="`make tiny-models` (retrains the tiny world from scratch, recipe in bench/tiny/train.py)",
+                     source="`make tiny-models` (retrains the tiny world from scratch, recipe in bench/recipes/tiny.py)",
                      world="tiny", sampling=dict(configs.TINY_SAMPLING), default_dir=ASSETS)
 
 

@@ -3,8 +3,7 @@
 32×32 images, a 4× downsampling VQVAE (8×8 latent) and the 7-scale schedule 1,2,3,4,5,6,8
 (155 tokens), 12 tinyshapes classes.
 """
-from bench.models.var import VARConfig
-from bench.models.vqvae import VQVAEConfig
+from bench.models.configs import VARConfig, VQVAEConfig
 
 PATCH_NUMS = (1, 2, 3, 4, 5, 6, 8)
 IMAGE_SIZE = 32

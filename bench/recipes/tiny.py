@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from bench.data import tinyshapes
+from bench.data.tokens import tokenize_images
 from bench.models.generator import Generator, to_uint8
 from bench.models.var import VAR
 from bench.models.vqvae import VQVAE
@@ -98,21 +99,13 @@ def _restart_dead_codes(vae: VQVAE, x: torch.Tensor, hits_V: torch.Tensor, g: to
     vae.quantize.embedding.weight.data[dead] = f_NC[pick] + 0.01 * torch.randn(len(dead), vae.Cvae, generator=g)
 
 
-@torch.no_grad()
-def tokenize_pool(vae: VQVAE, imgs_uint8: torch.Tensor, batch: int = 512, progress: bool = True) -> List[torch.Tensor]:
-    parts: List[List[torch.Tensor]] = []
-    for i in tqdm(range(0, len(imgs_uint8), batch), desc="tokenize", disable=not progress):
-        parts.append(vae.img_to_idx(tinyshapes.to_pm1(imgs_uint8[i:i + batch])))
-    return [torch.cat([p[si] for p in parts]) for si in range(len(parts[0]))]
-
-
 def train_var(vae: VQVAE, recipe: Optional[dict] = None, progress: bool = True,
               init: Optional[VAR] = None, snapshot: Optional[Path] = None) -> (VAR, dict):
     """``snapshot``: also save the weights there every 500 steps (to watch a long run)."""
     recipe = recipe or VAR_RECIPE
     torch.manual_seed(recipe["seed"])
     imgs, labels = tinyshapes.generate(recipe["pool"], "train")
-    tokens = tokenize_pool(vae, imgs, progress=progress)
+    tokens = tokenize_images(vae, imgs, progress=progress)
     var = init if init is not None else VAR(configs.TINY_VAR)
     if init is None:
         init_var_weights(var)
@@ -239,7 +232,7 @@ def run(out: Path, stages=STAGES, progress: bool = True, eval_per_class: int = 5
                                           "config": configs.TINY_VAR.to_dict(), "train_seconds": round(time.time() - t0),
                                           "curve": info["curve"]}})
     if "eval" in stages:
-        from bench.tiny.quality import measure_tiny_var
+        from bench.recipes.tiny_quality import measure_tiny_var
         q = measure_tiny_var(out, per_class=eval_per_class, progress=progress)
         manifest = json.loads((out / "manifest.json").read_text())
         entry = manifest["models"]["tiny-var"]
