@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from bench.defaults import SAMPLING
 from bench.models.generator import Generator
 
 
@@ -27,13 +28,15 @@ def _meta_copy(gen: Generator) -> Generator:
                          token_policy=gen.token_policy)
 
 
-def sampling_flops(gen: Generator, cfg: Optional[float] = 1.5, **sampling) -> int:
-    """Transformer FLOPs (blocks, head, embeddings) to sample one image; ``cfg=None`` = no CFG doubling."""
+def sampling_flops(gen: Generator, cfg: Optional[float] = SAMPLING["cfg"], top_k: int = SAMPLING["top_k"],
+                   top_p: float = SAMPLING["top_p"], more_smooth: bool = False) -> int:
+    """Transformer FLOPs (blocks, head, embeddings) to sample one image; ``cfg=None`` = no CFG doubling.
+    (Sampling keywords as the record's ``sampling``; only ``cfg`` changes the count.)"""
     g = _meta_copy(gen)
     fc = FlopCounterMode(display=False)
     with fc:
         g.sample_tokens(torch.zeros(1, dtype=torch.long, device="meta"), seed=None, cfg=cfg,
-                        top_k=sampling.get("top_k", 900), top_p=sampling.get("top_p", 0.96))
+                        top_k=top_k, top_p=top_p)
     return int(fc.get_total_flops())
 
 
@@ -48,13 +51,13 @@ def decode_flops(gen: Generator) -> int:
 
 
 def info(gen: Generator, name: str = "", image_size: Optional[int] = None) -> dict:
-    """The ``varbench info --json`` object (DESIGN.md §5; keys are a contract)."""
+    """The ``varbench info --json`` object (its keys are a contract: docs/architecture.md)."""
     cfg = gen.var.cfg
     return {
         "model": name or gen.name,
         "params": count_params(gen.var),
         "tokenizer_params": count_params(gen.vae),
-        "flops": sampling_flops(gen, cfg=1.5),
+        "flops": sampling_flops(gen),
         "flops_no_cfg": sampling_flops(gen, cfg=None),
         "tokenizer_decode_flops": decode_flops(gen),
         "tokens_per_scale": [pn * pn for pn in gen.patch_nums],

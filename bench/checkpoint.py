@@ -11,9 +11,10 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Dict, Mapping, Optional
+from typing import TYPE_CHECKING, Dict, Iterable, Mapping, Optional, Tuple
 
-import torch
+if TYPE_CHECKING:  # torch is imported only by the functions that read or load tensors
+    import torch
 
 DEFAULT_CKPT_DIR = Path(os.path.expanduser("~/.cache/varbench/checkpoints"))
 
@@ -47,19 +48,33 @@ def ckpt_dir(explicit: Optional[str | os.PathLike] = None) -> Path:
 
 
 def locate(filename: str, folder: Optional[str | os.PathLike], source: str) -> Path:
+    """The path of one checkpoint file; see ``locate_all``."""
+    return locate_all([(filename, source)], folder)[filename]
+
+
+def locate_all(files: Iterable[Tuple[str, str]], folder: Optional[str | os.PathLike]) -> Dict[str, Path]:
+    """``{filename: path}`` of (filename, source) pairs in the checkpoint folder; one
+    :class:`CheckpointNotFound` lists every missing file with where to get it."""
     d = ckpt_dir(folder)
-    path = d / filename
-    if not path.is_file():
+    found, missing = {}, []
+    for filename, source in files:
+        path = d / filename
+        if path.is_file():
+            found[filename] = path
+        else:
+            missing.append(f"  {filename}: get it from {source}")
+    if missing:
         raise CheckpointNotFound(
-            f"checkpoint {filename} not found in {d}.\n"
-            f"  Get it from {source}\n"
-            f"  and put it in {d} (or point --ckpt-dir / VARBENCH_CKPT_DIR at the folder that has it). "
+            f"{len(missing)} checkpoint file(s) not found in {d}:\n" + "\n".join(missing) + "\n"
+            f"  Put them in {d} (or point --ckpt-dir / VARBENCH_CKPT_DIR at the folder that has them). "
             f"varbench never downloads at run time.")
-    return path
+    return found
 
 
 def read_state_dict(path: str | os.PathLike) -> Dict[str, torch.Tensor]:
     """A plain state_dict from a ``.pth``/``.pt`` (torch.load, weights only) or ``.safetensors`` file."""
+    import torch
+
     path = Path(path)
     if not path.is_file():
         raise CheckpointNotFound(f"checkpoint {path} does not exist")
@@ -101,9 +116,40 @@ def load_strict(model: torch.nn.Module, sd: Mapping[str, torch.Tensor], what: st
     return model
 
 
+_SHA_CACHE: Dict[Tuple[str, int, int], str] = {}
+
+
 def sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+    """Hex sha256 of a file; cached per process by (path, size, mtime) so record keys stay cheap."""
+    st = os.stat(path)
+    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _SHA_CACHE:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(chunk):
+                h.update(block)
+        _SHA_CACHE[key] = h.hexdigest()
+    return _SHA_CACHE[key]
+
+
+def check_manifest(path: str | os.PathLike, manifest: Optional[str | os.PathLike] = None) -> str:
+    """sha256 of ``path``, checked against the ``manifest.json`` beside it (if there is one and it lists
+    the file). A file changed since it was shipped or trained is an error, not a silent new result."""
+    import json
+
+    path = Path(path)
+    digest = sha256(path)
+    manifest = Path(manifest) if manifest else path.parent / "manifest.json"
+    if not manifest.is_file():
+        return digest
+    try:
+        entries = json.loads(manifest.read_text(encoding="utf-8")).get("models", {})
+    except (ValueError, AttributeError) as e:
+        raise CheckpointError(f"{manifest} is not a readable manifest ({e})") from None
+    for name, entry in entries.items():
+        if isinstance(entry, dict) and entry.get("file") == path.name and entry.get("sha256") not in (None, digest):
+            raise CheckpointError(
+                f"{path} does not match {manifest} ({name}: sha256 {digest[:12]}…, manifest says "
+                f"{entry['sha256'][:12]}…). Restore the shipped file (git checkout -- {path.name}) or retrain "
+                f"the tiny world with `make tiny-models`, which rewrites the manifest.")
+    return digest

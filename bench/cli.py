@@ -1,4 +1,9 @@
-"""``varbench`` command line (DESIGN.md §5). Every subcommand explains itself with --help."""
+"""``varbench`` command line. Every subcommand explains itself with ``--help``.
+
+``list``, ``runs`` and ``table --no-run`` read YAML and JSON only: they import no torch and no
+model or method code. Errors a user can fix (names, files, arguments) are one line on stderr and
+exit status 2; Ctrl-C is exit status 130 with one line saying what was (not) written.
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +11,7 @@ import json
 import sys
 from typing import List, Optional
 
-from bench.defaults import DEFAULT_WORLD, WORLDS
+from bench.defaults import DEFAULT_WORLD, SAMPLING, SAMPLING_PARAMS, TINY_SAMPLING, WORLDS
 from bench.registry import REGISTRIES, UnknownNameError
 
 
@@ -25,14 +30,17 @@ def _human(n: float) -> str:
 
 
 def _cmd_info(args) -> int:
-    from bench.accounting import info
+    from bench.plan import requested_chain
     from bench.registry import MODELS
 
     card = MODELS.get(args.model)
-    gen = card.build(device="meta")
-    from bench.method import Context, apply_chain, parse_chain
+    chain = requested_chain(args.method)     # names and parameters checked before any model is built
+    from bench.accounting import info
+    from bench.method import Context, apply_chain
+    from bench.spec import resolve_chain
 
-    chain = parse_chain(args.method)
+    resolve_chain(chain)
+    gen = card.build(device="meta")
     if chain:
         try:  # structure-only methods (e.g. magnitude) run on the meta device: sizes need no weights
             gen = apply_chain(gen, chain, Context(progress=False))
@@ -64,65 +72,143 @@ def _sampling_overrides(args) -> dict:
 
 
 def _cmd_run(args) -> int:
-    from bench.method import parse_chain
-    from bench.runner import make_spec, run
+    from bench.plan import make_spec
 
-    spec = make_spec(args.model, parse_chain(args.method),
-                     bench=args.bench, n=args.n, seed=args.seed, world=args.world,
-                     sampling=_sampling_overrides(args))
+    spec = make_spec(args.model, args.method, bench=args.bench, n=args.n, seed=args.seed, world=args.world,
+                     sampling=_sampling_overrides(args), ckpt_dir=args.ckpt_dir)
+    from bench.runner import preflight, run
+
+    preflight(spec, args.results)
     rec = run(spec, root=args.results, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet)
     print(json.dumps({"run_id": rec["run_id"], "path": str(spec.path(args.results)),
+                      "methods": rec["spec"]["methods"],
                       "metrics": {k: v["value"] for k, v in rec["metrics"].items()},
                       "params": rec["cost"].get("params")}, indent=1))
     return 0
 
 
+def _records(root, world) -> dict:
+    """path -> record under ``root`` (``{}`` if the folder does not exist); unreadable files are reported."""
+    from bench.records import iter_records
+
+    def warn(path, err):
+        print(f"varbench: warning: skipped unreadable record {err}", file=sys.stderr)
+    return {str(p): r for p, r in iter_records(root, world, on_error=warn)} if root.is_dir() else {}
+
+
 def _cmd_table(args) -> int:
-    from bench.records import find_record
-    from bench.registry import BENCHES, MODELS, TABLES
-    from bench.render import load_spec, render
-    from bench.runner import missing_methods, run
+    from bench.io import check_writable_dir
+    from bench.plan import match_records, table_cells, unique_specs
+    from bench.registry import TABLES
+    from bench.render import check_formats, load_spec, render
+    from bench.resources import results_root, tables_out_dir
 
     world = args.world or DEFAULT_WORLD
-    for name in TABLES.names() if args.name == "all" else [args.name]:
-        spec = load_spec(name)
-        bench = BENCHES.get(spec.bench_for(world))
-        model_name = spec.model.get(world)
-        sampling = {**(MODELS.get(model_name).sampling if model_name else {}), **_sampling_overrides(args)}
-        n = args.n or spec.n.get(world) or bench.default_n
-        # rows whose chain needs a method varbench does not have yet stay empty and say why
-        row_notes = {}
-        for row in spec.rows:
-            missing = set() if spec.skip_reason(row, world) else \
-                {m for g in spec.groups for m in missing_methods(spec.chain(row, g))}
-            if missing:
-                row_notes[row.label] = f"not computed: method(s) {', '.join(sorted(missing))} not implemented in varbench yet"
-        records = {}
-        for rs in spec.runs(world, n=n, seed=args.seed, sampling=sampling):   # deduplicated across rows and groups
-            if missing_methods(rs.methods):
-                continue
-            if args.no_run:
-                rec = find_record(rs, args.results)
-            else:
-                print(f"[{name}] {rs.label()}", file=sys.stderr)
-                rec = run(rs, root=args.results, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet)
-            if rec is not None:
-                records[rec["run_id"]] = rec
-        out = render(spec, world, records, row_notes=row_notes, out_dir=args.out,
-                     formats=tuple(args.format.split(",")), n=n, seed=args.seed, sampling=sampling)
-        if "md" in out:
+    formats = check_formats(args.format.split(","))
+    names = TABLES.names() if args.name == "all" else [args.name]
+    specs = [load_spec(name) for name in names]               # every name checked before any work
+    root = results_root(args.results)
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"--results {root} is a file, not a folder of records")
+    if args.no_run and not root.is_dir():
+        raise ValueError(f"no records: results folder {root.resolve()} does not exist "
+                         f"(run without --no-run, or point --results / VARBENCH_RESULTS at your records)")
+    out_dir = check_writable_dir(tables_out_dir(args.out), "table output folder")
+    if not args.no_run:
+        check_writable_dir(root, "results folder")
+    for spec in specs:
+        cells = table_cells(spec, world, n=args.n, seed=args.seed, sampling=_sampling_overrides(args),
+                            ckpt_dir=args.ckpt_dir, need_ckpt=not args.no_run)
+        runs = unique_specs(cells)
+        if not args.no_run:
+            from bench.runner import preflight, run
+            for rs in runs:
+                preflight(rs, root)
+            for i, rs in enumerate(runs):
+                print(f"[{spec.name} {i + 1}/{len(runs)}] {rs.label()}", file=sys.stderr)
+                run(rs, root=root, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet)
+        records = {r["run_id"]: r for r in _records(root, world).values()}
+        found, stale = match_records(runs, records)
+        if args.no_run:
+            for rs in runs:
+                if rs.key() not in found:
+                    why = " (stale records exist: `varbench runs --stale`)" if rs.key() in stale else ""
+                    print(f"varbench: no record for {rs.label()}{why}", file=sys.stderr)
+        out = render(spec, world, cells, found, stale, out_dir=out_dir, formats=formats, force=args.force)
+        if formats == ("json",):
+            print(json.dumps(out["json"], indent=2, ensure_ascii=False))
+        elif "md" in formats:
             print(out["md"])
+        else:
+            print(out["tex"])
     return 0
+
+
+def _cmd_runs(args) -> int:
+    import pandas as pd
+
+    from bench.plan import staleness
+    from bench.resources import results_root
+
+    root = results_root(args.results)
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"--results {root} is a file, not a folder of records")
+    records = _records(root, args.world)
+    now = pd.Timestamp.now(tz="UTC")
+    rows = []
+    for path, rec in records.items():
+        s = rec["spec"]
+        st = staleness(rec, ckpt_dir=args.ckpt_dir)
+        req = (s.get("requested") or {}).get("methods") or s["methods"]
+        rows.append({"run_id": rec["run_id"], "world": s["world"], "model": s["model"], "bench": s["bench"],
+                     "methods": " + ".join(req) or "dense", "n": s["n"], "seed": s["seed"],
+                     **{k: round(v["value"], 4) for k, v in rec["metrics"].items() if k in ("fid", "is", "class_acc")},
+                     "age": str((now - pd.Timestamp(rec["created"])).floor("min")),
+                     "stale": st.stale, "why": st.reason, "path": path})
+    df = pd.DataFrame(rows)
+    if args.stale or args.prune_stale:
+        df = df[df["stale"]] if len(df) else df
+    if args.json:
+        print(df.to_json(orient="records", indent=1))
+    elif len(df) == 0:
+        print(f"no {'stale ' if args.stale or args.prune_stale else ''}records under {root}")
+    else:
+        with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 200,
+                               "display.max_colwidth", 60):
+            print(df.drop(columns=["path"]).to_string(index=False))
+    if args.prune_stale and len(df):
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise ValueError(f"--prune-stale would delete {len(df)} record(s); confirm with --yes "
+                                 f"(standard input is not a terminal)")
+            answer = input(f"delete these {len(df)} stale record(s)? [y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
+                print("nothing deleted")
+                return 0
+        from pathlib import Path
+        for p in df["path"]:
+            Path(p).unlink()
+        print(f"deleted {len(df)} stale record(s)")
+    return 0
+
+
+def _seed(text: str) -> int:
+    from bench.defaults import check_seed
+    try:
+        return check_seed(int(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("--seed ", "")) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="varbench",
         description="Reproducibility benchmark for compressing and accelerating next-scale VAR generators.",
-        epilog="Examples:  varbench list models   |   varbench info var-d16 --json   |   make table2")
+        epilog="Examples:  varbench list models   |   varbench info var-d16 --json   |   "
+               "varbench table evar-table2   |   varbench runs --stale")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    sp = sub.add_parser("list", help="list registered models, methods, benches or tables")
+    sp = sub.add_parser("list", help="list registered models, methods, benches, metrics or tables")
     sp.add_argument("kind", choices=sorted(REGISTRIES), help="what to list")
     sp.set_defaults(func=_cmd_list)
 
@@ -131,30 +217,40 @@ def build_parser() -> argparse.ArgumentParser:
                                     "parameter counts, FLOPs to sample one image with and without the CFG doubling "
                                     "(torch.utils.flop_counter), and the token count of every scale.")
     sp.add_argument("model", help="registered model name (see `varbench list models`)")
-    sp.add_argument("--method", default="", help="method chain applied first, e.g. 'magnitude:sparsity=0.4' "
+    sp.add_argument("--method", default=None, help="method chain applied first, e.g. 'magnitude:sparsity=0.4' "
                     "(structural methods only: no weights are loaded)")
-    sp.add_argument("--json", action="store_true", help="print one JSON object (keys: DESIGN.md §5)")
+    sp.add_argument("--json", action="store_true", help="print one JSON object: model, params, tokenizer_params, "
+                    "flops, flops_no_cfg, tokens_per_scale, ...")
     sp.set_defaults(func=_cmd_info)
+
+    def results(sp):
+        sp.add_argument("--results", default=None, help="record folder (default: $VARBENCH_RESULTS, else ./results)")
+        sp.add_argument("--ckpt-dir", default=None, help="checkpoint folder (paper world; else $VARBENCH_CKPT_DIR)")
 
     def common(sp):
         sp.add_argument("--world", choices=WORLDS, default=None, help="tiny (default; for `run` the "
                         "model's world): shipped tiny models and generated data; paper: official checkpoints and real data")
-        sp.add_argument("--seed", type=int, default=0, help="run seed (sampling batches, bootstrap, recovery)")
-        sp.add_argument("--n", type=int, default=None, help="images per run (default: the bench's protocol)")
-        sp.add_argument("--results", default="results", help="record folder (default: results/)")
-        sp.add_argument("--ckpt-dir", default=None, help="checkpoint folder (paper world; else $VARBENCH_CKPT_DIR)")
-        sp.add_argument("--force", action="store_true", help="rerun even if a record exists")
+        sp.add_argument("--seed", type=_seed, default=0, help="run seed, 0 … 2^32-1 (sampling batches, bootstrap, recovery)")
+        sp.add_argument("--n", type=int, default=None, help="images per run, a positive multiple of the bench's "
+                        "classes (default: the table's or the bench's protocol)")
+        results(sp)
+        sp.add_argument("--force", action="store_true", help="rerun even if a record exists (table: also "
+                        "replace a rendered table by an empty one)")
         sp.add_argument("--quiet", action="store_true", help="no progress bars")
-        sp.add_argument("--cfg", type=float, default=None, help="override the model's CFG scale (paper: 1.5)")
-        sp.add_argument("--top-k", type=int, default=None, help="override top-k (paper: 900)")
-        sp.add_argument("--top-p", type=float, default=None, help="override top-p (paper: 0.96)")
+        for key, flag in (("cfg", "--cfg"), ("top_k", "--top-k"), ("top_p", "--top-p")):
+            typ, lo, hi, what = SAMPLING_PARAMS[key]
+            sp.add_argument(flag, type=typ, default=None,
+                            help=f"{what}; [{lo}, {hi}] (default: the model's, paper {SAMPLING[key]}, tiny {TINY_SAMPLING[key]})")
 
     sp = sub.add_parser("run", help="one run: model + method chain + bench -> one JSON record",
                         description="Apply a method chain to a model, sample the bench's images, score them and "
-                                    "write one record to results/<world>/<model>/<bench>/<spec-hash>.json. "
-                                    "An existing record is reused unless --force.")
+                                    "write one record to <results>/<world>/<model>/<bench>/<spec-hash>.json. "
+                                    "The hash covers the resolved chain (defaults filled in), each method's "
+                                    "version, the checkpoint files' sha256, the bench protocol, n, seed and "
+                                    "sampling. An existing record is reused unless --force.")
     sp.add_argument("--model", required=True, help="registered model (varbench list models)")
-    sp.add_argument("--method", default="", help="method chain joined by '+', e.g. 'magnitude:sparsity=0.4 + ft:epochs=1'")
+    sp.add_argument("--method", default=None, help="method chain joined by '+', e.g. 'magnitude:sparsity=0.4 + ft:epochs=1' "
+                    "(default: dense, the unmodified model)")
     sp.add_argument("--bench", default=None, help="bench (default: shapes-c2i in the tiny world, imagenet256 in the paper world)")
     common(sp)
     sp.set_defaults(func=_cmd_run)
@@ -162,13 +258,28 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("table", help="regenerate a paper table: run missing records, then render md/tex/json",
                         description="Runs every record the table needs that is missing (methods not yet in varbench "
                                     "leave their rows empty, with the reason as a footnote), then renders "
-                                    "tables/out/<world>/NAME.{md,tex,json} and prints the Markdown.")
+                                    "<out>/<world>/NAME.{md,tex,json} and prints it. With --no-run nothing is run "
+                                    "(and no torch is imported): missing and stale records are listed on stderr.")
     sp.add_argument("name", help="table name (varbench list tables) or 'all'")
-    sp.add_argument("--format", default="md,tex,json", help="comma-separated output formats")
-    sp.add_argument("--out", default=None, help="output base folder (default: tables/out)")
+    sp.add_argument("--format", default="md,tex,json", help="comma-separated subset of md,tex,json (printed: md, "
+                    "else tex, else json)")
+    sp.add_argument("--out", default=None, help="output base folder (default: $VARBENCH_TABLES_OUT, else ./tables/out)")
     sp.add_argument("--no-run", action="store_true", help="render from existing records only")
     common(sp)
     sp.set_defaults(func=_cmd_table)
+
+    sp = sub.add_parser("runs", help="list records (spec, metrics, age, stale or not); prune stale ones",
+                        description="A record is stale when its request, made again today, would give another "
+                                    "key: a method's default or version changed, the checkpoint or feature "
+                                    "network changed, the bench protocol changed, or it predates the current "
+                                    "record schema. Stale records are never reused.")
+    sp.add_argument("--world", choices=WORLDS, default=None, help="only this world")
+    sp.add_argument("--stale", action="store_true", help="only stale records")
+    sp.add_argument("--prune-stale", action="store_true", help="delete stale records (asks first)")
+    sp.add_argument("--yes", action="store_true", help="with --prune-stale: do not ask")
+    sp.add_argument("--json", action="store_true", help="print the listing as JSON records")
+    results(sp)
+    sp.set_defaults(func=_cmd_runs)
 
     sp = sub.add_parser("train-tiny", help="retrain the tiny world's models from scratch (make tiny-models)",
                         add_help=False)
@@ -178,14 +289,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["train-tiny"]:
-        from bench.recipes.tiny import main as train_main
-        return train_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    try:
+        if argv[:1] == ["train-tiny"]:
+            from bench.recipes.tiny import main as train_main
+            return train_main(argv[1:])
+        args = build_parser().parse_args(argv)
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        print("varbench: interrupted; nothing partial was written (records and tables are written atomically, "
+              "finished runs are kept)", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args) -> int:
     from bench.checkpoint import CheckpointError
+    from bench.io import OutputDirError
+    from bench.render import EmptyRenderError
     try:
         return args.func(args)
-    except (UnknownNameError, CheckpointError, FileNotFoundError, ValueError) as e:
+    except (UnknownNameError, CheckpointError, FileNotFoundError, ValueError, OutputDirError, EmptyRenderError) as e:
         # what the user can fix (names, files, arguments): one clear message, no stack trace
         print(f"varbench: error: {e}", file=sys.stderr)
         return 2

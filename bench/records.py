@@ -3,57 +3,67 @@
 This docstring is the schema's documentation. Change the schema only together with
 ``SCHEMA_VERSION`` and a migration in ``MIGRATIONS``.
 
-Schema version 1
+Schema version 2
 ----------------
 A record is one JSON object::
 
     {
-      "schema": 1,                      # int, this module's SCHEMA_VERSION when written
-      "run_id": "3f9c0a1b2c4d5e6f",     # RunSpec.key(): 16 hex digits of sha256(spec JSON)
-      "spec": {
+      "schema": 2,                      # int, this module's SCHEMA_VERSION when written
+      "run_id": "3f9c0a1b2c4d5e6f",     # RunSpec.key(): 16 hex digits of sha256(key fields of spec)
+      "spec": {                         # everything that changes the numbers (all part of the key) ...
         "world": "tiny",                # "tiny" | "paper"
         "model": "tiny-var",            # registered model name
-        "ckpt_sha256": "ab12…" | null,  # checkpoint the model was loaded from (not part of the key)
-        "methods": ["magnitude:sparsity=0.4", "ft:epochs=1"],   # applied in order; [] = dense
+        "ckpt": {"tiny_vqvae.safetensors": "ab12…", "tiny_var.safetensors": "cd34…"},
+                                        # sha256 of every weights file loaded (null: unknown, legacy)
+        "methods": ["magnitude:norm=l2,scope=coupled,sparsity=0.4", "ft:batch=64,epochs=1.0,lr=0.0005,wd=0.05"],
+                                        # the RESOLVED chain: every parameter, defaults filled in; [] = dense
+        "method_versions": {"ft": 1, "magnitude": 1},   # each method's YAML `version:` (null: legacy)
         "bench": "shapes-c2i",          # registered bench name
-        "n": 1000,                      # number of generated images
+        "protocol": {"version": 1, "files": {"feature_cnn.safetensors": "…"}},  # bench identity (null: legacy)
+        "n": 600,                       # number of generated images
         "seed": 0,                      # base seed
-        "sampling": {"cfg": 1.5, ...}   # sampling keyword arguments ({} = the model's defaults)
+        "sampling": {"cfg": 2.0, "top_k": 50, "top_p": 0.9, "more_smooth": false},  # as sampled
+        "requested": {"methods": ["magnitude:sparsity=0.4", "ft"], "sampling": {}}
+                                        # ... except this: what was asked (not in the key; used to
+                                        # tell whether the same request would resolve differently today)
       },
-      "metrics": {                      # metric name -> measurement
-        "fid": {"value": 12.3, "stderr": 0.4 | null, "n": 1000, ...extra keys allowed}
+      "metrics": {                      # metric name (bench.metrics.catalog) -> measurement
+        "fid": {"value": 12.3, "stderr": 0.4 | null, "n": 1000, ...extra keys allowed}   # finite numbers
       },
-      "cost": {"params": 1234567, "flops": 5.6e9, "latency_ms": 12.0, ...},   # numbers
+      "cost": {"params": 1234567, "flops": 5.6e9, "latency_ms_per_image": 12.0, ...},
       "env": {
         "torch": "2.4.1", "python": "3.11.7", "platform": "Linux-…",
         "device": "cpu" | "NVIDIA H200",
         "git_commit": "40 hex" | "unknown", "git_dirty": true | false | null,
         "versions": {"torch": "…", "torch-fidelity": "…", "numpy": "…"}  # null if absent
       },
-      "timings": {"apply_s": 1.2, "generate_s": 30.0, "evaluate_s": 5.0, ...},
+      "timings": {"load_s": 1.2, "methods_s": 3.4, "sample_s": 30.0, "metrics_s": 5.0, "total_s": 40.0},
       "notes": ["deviation from the paper's method, one sentence each", ...],
       "created": "2026-05-09T07:35:25+00:00"   # ISO 8601, UTC
     }
 
+Schema 1 (before record keys covered defaults, versions and checkpoints) is upgraded on read: its
+``methods`` become its ``requested`` methods, ``ckpt``/``method_versions``/``protocol`` are null,
+and ``run_id`` is recomputed. Such a record never matches a new key, so it is never reused, and
+``varbench runs --stale`` lists it.
+
 Where a record lives
 --------------------
-``RunSpec.path(root)`` = ``<root>/<world>/<model>/<bench>/<key>.json`` (``root`` defaults to
-``results``). The key covers world, model, methods, bench, n, seed and sampling; not the checkpoint
-hash, the environment or the time. A runner skips a spec whose record exists (``find_record``).
-
-Method specs
-------------
-A method spec is ``name`` or ``name:key=value,key=value``. ``canonical_method`` sorts the
-parameters, strips spaces and writes numbers one way (``0.40`` -> ``0.4``, ``1e-3`` -> ``0.001``)
-so that equal chains hash equally. ``dense`` (no parameters) is the empty chain and is dropped.
+``RunSpec.path(root)`` = ``<root>/<world>/<model>/<bench>/<key>.json`` (``root``: ``--results``,
+else ``$VARBENCH_RESULTS``, else ``./results``). A runner reuses the record at that path; a changed
+method default or version, checkpoint file or bench protocol gives another key, hence a rerun.
+Specs are built (resolved, checked, identified) by ``bench.plan.make_spec``; the method-spec grammar
+is ``bench.spec``.
 
 Writing and reading
 -------------------
 ``write_record`` is atomic: it writes a temporary file in the target's folder, flushes and fsyncs
 it, then ``os.replace``-s it onto the target. A process killed mid-write leaves the old file (or
 none) at the target, never a partial one; at worst a hidden ``.<name>.*.tmp`` file stays behind.
-``read_record`` validates the record and upgrades older schema versions through ``MIGRATIONS``;
-a future version, corrupt JSON or a malformed record raises ``RecordError`` naming the file.
+Files get the user's usual permissions (``0666 & ~umask``). ``read_record`` upgrades older schema
+versions through ``MIGRATIONS`` and validates the record (finite metric values, a string git
+commit, a run_id that matches the spec); a future version, corrupt JSON or a malformed record raises
+``RecordError`` naming the file.
 """
 from __future__ import annotations
 
@@ -63,93 +73,29 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from bench.defaults import WORLDS
+from bench.io import atomic_write_text, git_commit, git_dirty  # noqa: F401  (re-exported)
+from bench.resources import results_root
+from bench.spec import canonical_method
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-# from_version -> function(record) -> record of version from_version + 1. read_record applies them
-# in sequence. Version 1 is the first version, so nothing needs upgrading yet.
-MIGRATIONS: Dict[int, Callable[[dict], dict]] = {}
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ROOT = "results"
 VERSIONED_PACKAGES = ("torch", "torch-fidelity", "numpy")
 
-_SPEC_KEYS = ("world", "model", "methods", "bench", "n", "seed", "sampling")
+_KEY_FIELDS = ("world", "model", "ckpt", "methods", "method_versions", "bench", "protocol", "n", "seed", "sampling")
+_SPEC_KEYS = _KEY_FIELDS + ("requested",)
 _RECORD_KEYS = ("schema", "run_id", "spec", "metrics", "cost", "env", "timings", "notes", "created")
 
 
 class RecordError(ValueError):
     """A record that cannot be used: corrupt JSON, malformed, or an unsupported schema version."""
-
-
-# --------------------------------------------------------------------------------------------------
-# method specs
-
-
-def _canonical_value(v: str) -> str:
-    v = v.strip()
-    try:
-        return str(int(v))
-    except ValueError:
-        pass
-    try:
-        f = float(v)
-    except ValueError:
-        return v
-    return repr(f) if math.isfinite(f) else v
-
-
-def parse_method(spec: str) -> Tuple[str, Dict[str, str]]:
-    """``"evar:sparsity=0.4,calib=pyramid"`` -> ``("evar", {"sparsity": "0.4", "calib": "pyramid"})``."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"a method spec must be a non-empty string, got {spec!r}")
-    name, _, rest = spec.strip().partition(":")
-    name = name.strip()
-    if not name or any(c in name for c in "=, "):
-        raise ValueError(f"bad method spec {spec!r}: expected 'name' or 'name:key=value,...'")
-    params: Dict[str, str] = {}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq or not key or not value.strip():
-            raise ValueError(f"bad parameter {item!r} in method spec {spec!r}: expected key=value")
-        if key in params:
-            raise ValueError(f"parameter {key!r} given twice in method spec {spec!r}")
-        params[key] = _canonical_value(value)
-    return name, params
-
-
-def format_method(name: str, params: Mapping[str, Any]) -> str:
-    """Inverse of ``parse_method``, with the parameters sorted by key."""
-    if not params:
-        return name
-    return name + ":" + ",".join(f"{k}={_canonical_value(str(params[k]))}" for k in sorted(params))
-
-
-def canonical_method(spec: str) -> str:
-    """One spelling per method spec (sorted parameters, normalised numbers, no spaces)."""
-    return format_method(*parse_method(spec))
-
-
-def canonical_methods(methods: Iterable[str] | str) -> Tuple[str, ...]:
-    """A chain of method specs, canonical, with plain ``dense`` dropped. A string is split on ``+``."""
-    if isinstance(methods, str):
-        methods = methods.split("+")
-    out = []
-    for m in methods:
-        c = canonical_method(m)
-        if c != "dense":
-            out.append(c)
-    return tuple(out)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -162,10 +108,11 @@ def _canonical_json(obj: Any) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-    """What one run is: model + method chain on a bench with n images, a seed and sampling options.
+    """What one run is: model (and its checkpoint files) + resolved method chain on a bench with n
+    images, a seed and sampling settings. Build it with ``bench.plan.make_spec``, which resolves and
+    checks everything; this class only stores, validates types and hashes.
 
-    Equal specs (after canonicalising the method chain; the order of ``sampling`` keys does not
-    matter) have equal ``key()`` and hence the same record path.
+    ``key()`` covers every field except ``requested``.
     """
 
     world: str
@@ -175,6 +122,10 @@ class RunSpec:
     n: int
     seed: int
     sampling: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    ckpt: Optional[Dict[str, str]] = None
+    method_versions: Optional[Dict[str, int]] = None
+    protocol: Optional[Dict[str, Any]] = None
+    requested: Optional[Dict[str, Any]] = None
 
     def __post_init__(self):
         if self.world not in WORLDS:
@@ -186,64 +137,83 @@ class RunSpec:
             v = getattr(self, field)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"RunSpec.{field} must be a non-negative int, got {v!r}")
-        object.__setattr__(self, "methods", canonical_methods(self.methods))
-        sampling = dict(self.sampling or {})
-        try:
-            _canonical_json(sampling)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"RunSpec.sampling must be JSON-serialisable: {e}") from None
-        object.__setattr__(self, "sampling", sampling)
+        methods = tuple(self.methods)
+        if not all(isinstance(m, str) for m in methods):
+            raise ValueError(f"RunSpec.methods must be strings, got {methods!r}")
+        object.__setattr__(self, "methods", tuple(canonical_method(m) for m in methods))
+        for field in ("sampling", "ckpt", "method_versions", "protocol", "requested"):
+            v = getattr(self, field)
+            if field == "sampling":
+                v = dict(v or {})
+            elif v is not None:
+                if not isinstance(v, Mapping):
+                    raise ValueError(f"RunSpec.{field} must be an object or null, got {type(v).__name__}")
+                v = json.loads(_canonical_json(dict(v))) if _json_ok(v) else None
+                if v is None:
+                    raise ValueError(f"RunSpec.{field} must be JSON-serialisable")
+            object.__setattr__(self, field, v)
+        if not _json_ok(self.sampling):
+            raise ValueError("RunSpec.sampling must be JSON-serialisable (finite numbers)")
 
-    def __hash__(self) -> int:  # sampling is a dict, so hash the key instead of the fields
+    def __hash__(self) -> int:  # the dict fields are not hashable: hash the key instead
         return hash(self.key())
 
+    def __eq__(self, other) -> bool:
+        return isinstance(other, RunSpec) and self.to_dict() == other.to_dict()
+
+    def key_dict(self) -> Dict[str, Any]:
+        return {"world": self.world, "model": self.model, "ckpt": self.ckpt, "methods": list(self.methods),
+                "method_versions": self.method_versions, "bench": self.bench, "protocol": self.protocol,
+                "n": self.n, "seed": self.seed, "sampling": dict(self.sampling)}
+
     def to_dict(self) -> Dict[str, Any]:
-        return {"world": self.world, "model": self.model, "methods": list(self.methods),
-                "bench": self.bench, "n": self.n, "seed": self.seed, "sampling": dict(self.sampling)}
+        return {**self.key_dict(), "requested": self.requested}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RunSpec":
-        """From ``to_dict()`` output or a record's ``spec`` (whose ``ckpt_sha256`` is ignored)."""
-        unknown = set(d) - set(_SPEC_KEYS) - {"ckpt_sha256"}
-        missing = [k for k in _SPEC_KEYS if k not in d and k != "sampling"]
+        """From ``to_dict()`` output or a record's ``spec``."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"bad run spec: expected an object, got {type(d).__name__}")
+        unknown = set(d) - set(_SPEC_KEYS)
+        missing = [k for k in _SPEC_KEYS if k not in d]
         if unknown or missing:
             raise ValueError(f"bad run spec: missing {missing}, unknown {sorted(unknown)}")
+        if not isinstance(d["methods"], (list, tuple)):
+            raise ValueError(f"bad run spec: methods must be a list, got {d['methods']!r}")
         return cls(world=d["world"], model=d["model"], methods=tuple(d["methods"]), bench=d["bench"],
-                   n=d["n"], seed=d["seed"], sampling=d.get("sampling") or {})
+                   n=d["n"], seed=d["seed"], sampling=d.get("sampling") or {}, ckpt=d["ckpt"],
+                   method_versions=d["method_versions"], protocol=d["protocol"], requested=d["requested"])
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> "RunSpec":
         return cls.from_dict(record["spec"])
 
-    def key(self) -> str:
-        """16 hex digits of sha256 over the canonical JSON of ``to_dict()``."""
-        return hashlib.sha256(_canonical_json(self.to_dict()).encode()).hexdigest()[:16]
+    def key(self, ignore: Sequence[str] = ()) -> str:
+        """16 hex digits of sha256 over the canonical JSON of the key fields (``ignore``: leave some out,
+        e.g. ``("ckpt",)`` to match records when the checkpoint files are not on this machine)."""
+        d = {k: v for k, v in self.key_dict().items() if k not in ignore}
+        return hashlib.sha256(_canonical_json(d).encode()).hexdigest()[:16]
 
-    def path(self, root: str | os.PathLike = DEFAULT_ROOT) -> Path:
-        return Path(root) / self.world / self.model / self.bench / f"{self.key()}.json"
+    def path(self, root: str | os.PathLike | None = None) -> Path:
+        return results_root(root) / self.world / self.model / self.bench / f"{self.key()}.json"
 
     def label(self) -> str:
-        """Short human description, e.g. ``tiny-var magnitude:sparsity=0.4 + ft:epochs=1 @ shapes-c2i n=1000 s0``."""
-        chain = " + ".join(self.methods) or "dense"
-        extra = f" {_canonical_json(self.sampling)}" if self.sampling else ""
-        return f"{self.model} {chain} @ {self.bench} n={self.n} s{self.seed}{extra}"
+        """Short human description, e.g. ``tiny-var magnitude:sparsity=0.4 + ft @ shapes-c2i n=600 s0``
+        (the chain as requested when known, else as resolved)."""
+        chain = list((self.requested or {}).get("methods") or []) if self.requested else list(self.methods)
+        return f"{self.model} {' + '.join(chain) or 'dense'} @ {self.bench} n={self.n} s{self.seed}"
+
+
+def _json_ok(obj: Any) -> bool:
+    try:
+        _canonical_json(obj)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------------------------------
 # building a record
-
-
-def _git(*args: str) -> Optional[str]:
-    try:
-        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def git_commit() -> str:
-    """``git rev-parse HEAD`` of the varbench checkout, or ``"unknown"`` outside a git repository."""
-    return _git("rev-parse", "HEAD") or "unknown"
 
 
 def _package_version(name: str) -> Optional[str]:
@@ -263,41 +233,38 @@ def _default_device() -> str:
 def environment(device: Optional[str] = None) -> Dict[str, Any]:
     """The ``env`` block of a record: versions, platform, device and the git commit."""
     versions = {p: _package_version(p) for p in VERSIONED_PACKAGES}
-    status = _git("status", "--porcelain", "--untracked-files=no")
     return {
         "torch": versions["torch"],
         "python": platform.python_version(),
         "platform": platform.platform(),
         "device": device or _default_device(),
         "git_commit": git_commit(),
-        "git_dirty": None if status is None else bool(status),
+        "git_dirty": git_dirty(),
         "versions": versions,
     }
 
 
+def _finite(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+
 def _metric(name: str, m: Any, n: int) -> Dict[str, Any]:
-    if isinstance(m, Mapping):
-        out = dict(m)
-    else:
-        out = {"value": m}
+    out = dict(m) if isinstance(m, Mapping) else {"value": m}
     out.setdefault("stderr", None)
     out.setdefault("n", n)
-    if isinstance(out["value"], bool) or not isinstance(out["value"], (int, float)):
-        raise ValueError(f"metric {name!r}: value must be a number, got {out['value']!r}")
+    if not _finite(out["value"]):
+        raise ValueError(f"metric {name!r}: value must be a finite number, got {out['value']!r}")
     return out
 
 
 def make_record(spec: RunSpec, metrics: Mapping[str, Any], cost: Mapping[str, Any],
-                timings: Mapping[str, Any], ckpt_sha256: Optional[str] = None,
-                notes: Sequence[str] = (), device: Optional[str] = None) -> Dict[str, Any]:
-    """A schema-1 record for ``spec``. ``metrics`` values are numbers or ``{value, stderr, n, ...}``
+                timings: Mapping[str, Any], notes: Sequence[str] = (), device: Optional[str] = None) -> Dict[str, Any]:
+    """A current-schema record for ``spec``. ``metrics`` values are numbers or ``{value, stderr, n, ...}``
     dicts (``stderr`` defaults to null, ``n`` to ``spec.n``); ``env`` and ``created`` are filled in."""
     record = {
         "schema": SCHEMA_VERSION,
         "run_id": spec.key(),
-        "spec": {"world": spec.world, "model": spec.model, "ckpt_sha256": ckpt_sha256,
-                 "methods": list(spec.methods), "bench": spec.bench, "n": spec.n, "seed": spec.seed,
-                 "sampling": dict(spec.sampling)},
+        "spec": spec.to_dict(),
         "metrics": {name: _metric(name, m, spec.n) for name, m in metrics.items()},
         "cost": dict(cost),
         "env": environment(device),
@@ -311,6 +278,18 @@ def make_record(spec: RunSpec, metrics: Mapping[str, Any], cost: Mapping[str, An
 
 # --------------------------------------------------------------------------------------------------
 # validation and migration
+
+
+def _walk_numbers(obj: Any, path: str):
+    """(path, value) of every number inside a JSON-like object."""
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            yield from _walk_numbers(v, f"{path}.{k}")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _walk_numbers(v, f"{path}[{i}]")
+    elif isinstance(obj, float):
+        yield path, obj
 
 
 def validate_record(record: Any, where: str = "record") -> None:
@@ -339,8 +318,34 @@ def validate_record(record: Any, where: str = "record") -> None:
     for name, m in record["metrics"].items():
         if not isinstance(m, dict) or "value" not in m:
             bad(f"metric {name!r} must be an object with a 'value'")
-        if m["value"] is not None and (isinstance(m["value"], bool) or not isinstance(m["value"], (int, float))):
-            bad(f"metric {name!r}: value must be a number or null, got {m['value']!r}")
+        if m["value"] is not None and not _finite(m["value"]):
+            bad(f"metric {name!r}: value must be a finite number or null, got {m['value']!r}")
+    for block in ("metrics", "cost", "timings"):
+        for path, v in _walk_numbers(record[block], block):
+            if not math.isfinite(v):
+                bad(f"{path} is {v!r}: records hold finite numbers only (JSON has no NaN/Infinity)")
+    commit = record["env"].get("git_commit")
+    if not isinstance(commit, str) or not commit:
+        bad(f"env.git_commit must be a commit hash or \"unknown\", got {commit!r}")
+
+
+def _migrate_1_to_2(record: dict) -> dict:
+    """Schema 1 keyed records by the chain as typed (no defaults, versions or checkpoint identity)."""
+    old = dict(record["spec"])
+    methods = [canonical_method(m) for m in old.get("methods", [])]
+    spec = RunSpec(world=old["world"], model=old["model"], methods=tuple(methods), bench=old["bench"],
+                   n=old["n"], seed=old["seed"], sampling=old.get("sampling") or {},
+                   requested={"methods": methods, "sampling": {}})
+    record["spec"] = spec.to_dict()
+    record["run_id"] = spec.key()
+    if old.get("ckpt_sha256"):
+        record["notes"] = list(record.get("notes", [])) + [f"legacy record: transformer checkpoint sha256 {old['ckpt_sha256']}"]
+    return record
+
+
+# from_version -> function(record) -> record of version from_version + 1. read_record applies them
+# in sequence.
+MIGRATIONS: Dict[int, Callable[[dict], dict]] = {1: _migrate_1_to_2}
 
 
 def upgrade_record(record: dict, where: str = "record") -> dict:
@@ -366,35 +371,6 @@ def upgrade_record(record: dict, where: str = "record") -> dict:
 # files
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a mix."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:  # make the rename itself durable; not every platform can open a directory
-        dfd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
-
-
 def write_record(path: str | os.PathLike, record: Mapping[str, Any]) -> Path:
     """Validate ``record`` and write it atomically to ``path`` (folders are created)."""
     record = dict(record)
@@ -417,7 +393,7 @@ def read_record(path: str | os.PathLike) -> Dict[str, Any]:
     return record
 
 
-def find_record(spec: RunSpec, root: str | os.PathLike = DEFAULT_ROOT) -> Optional[Dict[str, Any]]:
+def find_record(spec: RunSpec, root: str | os.PathLike | None = None) -> Optional[Dict[str, Any]]:
     """The record of ``spec`` under ``root``, or None if it has not been run."""
     path = spec.path(root)
     if not path.is_file():
@@ -428,11 +404,29 @@ def find_record(spec: RunSpec, root: str | os.PathLike = DEFAULT_ROOT) -> Option
     return record
 
 
-def load_records(root: str | os.PathLike = DEFAULT_ROOT, world: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
+def record_paths(root: str | os.PathLike | None = None, world: Optional[str] = None) -> list:
+    """Every record file under ``root`` (or ``root/<world>``), sorted."""
+    base = results_root(root)
+    if world:
+        base = base / world
+    pattern = "*/*/*.json" if world else "*/*/*/*.json"
+    return sorted(p for p in base.glob(pattern) if not p.name.startswith("."))
+
+
+def iter_records(root: str | os.PathLike | None = None, world: Optional[str] = None,
+                 on_error: Optional[Callable[[Path, RecordError], None]] = None):
+    """(path, record) of every record under ``root`` (or ``root/<world>``). ``on_error`` (if given)
+    is told about unreadable files instead of raising."""
+    for path in record_paths(root, world):
+        try:
+            yield path, read_record(path)
+        except RecordError as e:
+            if on_error is None:
+                raise
+            on_error(path, e)
+
+
+def load_records(root: str | os.PathLike | None = None, world: Optional[str] = None,
+                 on_error: Optional[Callable[[Path, RecordError], None]] = None) -> Dict[str, Dict[str, Any]]:
     """Every record under ``root`` (or ``root/<world>``), keyed by run_id."""
-    base = Path(root) / world if world else Path(root)
-    records = {}
-    for path in sorted(base.glob("*/*/*.json") if world else base.glob("*/*/*/*.json")):
-        record = read_record(path)
-        records[record["run_id"]] = record
-    return records
+    return {rec["run_id"]: rec for _, rec in iter_records(root, world, on_error)}

@@ -73,36 +73,28 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import jinja2
 import yaml
 
-from bench.records import (
-    REPO_ROOT,
-    RunSpec,
-    atomic_write_text,
-    canonical_methods,
-    format_method,
-    git_commit,
-    load_records,
-    parse_method,
-)
+from bench.io import atomic_write_text, git_commit
 from bench.registry import METRICS, TABLES
+from bench.resources import resource_dir, tables_out_dir
+from bench.spec import SpecError, format_method, parse_chain, parse_method
 
-TEMPLATES_DIR = REPO_ROOT / "tables" / "templates"
-OUT_DIR = REPO_ROOT / "tables" / "out"
 FORMATS = ("md", "tex", "json")
 PAPER_ONLY_NOTE = "paper number only: not a varbench model"
-
-# metric name -> (header, better). A metric registered in bench.registry.METRICS with a
-# `higher_is_better` attribute overrides the direction given here.
-METRIC_INFO: Dict[str, Tuple[str, Optional[str]]] = {
-    "fid": ("FID", "lower"), "sfid": ("sFID", "lower"), "kid": ("KID", "lower"),
-    "is": ("IS", "higher"), "precision": ("Precision", "higher"), "recall": ("Recall", "higher"),
-    "clip_score": ("CLIP score", "higher"), "geneval": ("GenEval", "higher"),
-    "latency_ms": ("Latency (ms)", "lower"), "params": ("Params", None), "flops": ("FLOPs", None),
-}
 ARROWS = {"lower": "↓", "higher": "↑", None: ""}
+# derived columns: value of the row vs the same metric in the reference row (``relative:`` in a column)
+RELATIVE = {
+    "speedup": ("×", lambda ours, ref: ref / ours),    # e.g. latency: dense / ours
+    "ratio": ("×", lambda ours, ref: ours / ref),      # e.g. params or FLOPs as a fraction of dense
+    "delta": ("Δ", lambda ours, ref: ours - ref),      # e.g. FID − dense FID
+}
 
 
 class TableSpecError(ValueError):
     """A table spec that does not follow the format in this module's docstring."""
+
+
+class EmptyRenderError(RuntimeError):
+    """Rendering would replace a table that has measured cells by one that has none."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -118,6 +110,7 @@ class Column:
     scale: float
     better: Optional[str]  # "lower" | "higher" | None
     group: int             # index into TableSpec.groups
+    relative: Optional[str] = None   # speedup | ratio | delta: derived from the reference row
 
     @property
     def arrow(self) -> str:
@@ -163,13 +156,11 @@ def _keys(d: Any, allowed: Iterable[str], required: Iterable[str], where: str) -
     return d
 
 
-def metric_direction(metric: str) -> Optional[str]:
-    """``"lower"``, ``"higher"`` or None (no arrow) for a metric name."""
-    if metric in METRICS:
-        hib = getattr(METRICS.get(metric), "higher_is_better", None)
-        if hib is not None:
-            return "higher" if hib else "lower"
-    return METRIC_INFO.get(metric, (None, None))[1]
+def metric_info(metric: str, where: str = "table spec"):
+    """The catalog entry of ``metric`` (``bench.metrics.catalog``); unknown names get suggestions."""
+    if metric not in METRICS:
+        raise TableSpecError(f"{where}: {METRICS.unknown_message(metric)}")
+    return METRICS.get(metric)
 
 
 def expand_chain(template: Sequence[str], method: Optional[str]) -> Tuple[str, ...]:
@@ -184,13 +175,16 @@ def expand_chain(template: Sequence[str], method: Optional[str]) -> Tuple[str, .
             raise TableSpecError(f"bad setting item {item!r}: write '{{method}}' or '{{method}}:key=value,...'")
         if method is None:
             raise TableSpecError(f"setting item {item!r} needs a row `method`")
-        name, params = parse_method(method)
-        extra = parse_method("m" + rest)[1]
+        try:
+            name, params = parse_method(method)
+            extra = parse_method("m" + rest)[1]
+        except SpecError as e:
+            raise TableSpecError(str(e)) from None
         clash = sorted(set(params) & set(extra))
         if clash:
             raise TableSpecError(f"row method {method!r} and setting {item!r} both set {clash}")
         out.append(format_method(name, {**params, **extra}))
-    return canonical_methods(out)
+    return tuple(m for m in (format_method(*parse_method(x)) for x in out) if m != "dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,6 +204,7 @@ class TableSpec:
     paper: Dict[str, Dict[str, Any]]
     footnotes: Tuple[str, ...]
     path: Optional[Path] = None
+    reference_row: Optional[str] = None   # the row derived (relative) columns compare against
 
     @property
     def columns(self) -> Tuple[Column, ...]:
@@ -248,49 +243,30 @@ class TableSpec:
             return f"paper number only in the {world} world: {models} has no {world}-world counterpart"
         return None
 
-    def resolve_n(self, world: str, n: Optional[int] = None) -> int:
-        n = n if n is not None else self.n.get(world)
-        if n is None:
-            raise TableSpecError(f"table {self.name} sets no n for world {world!r}; pass n= (the bench default)")
-        return n
-
-    def runs(self, world: str, n: Optional[int] = None, seed: int = 0,
-             sampling: Optional[Mapping[str, Any]] = None) -> List[RunSpec]:
-        """The runs this table needs in ``world``: one per (row, setting), deduplicated, in order.
-
-        ``n``: the argument, else the spec's ``n[world]``, else an error; ``sampling``: the
-        argument, else ``{}`` (the model's defaults).
-        """
-        n = self.resolve_n(world, n)
-        bench = self.bench_for(world)
-        out: Dict[str, RunSpec] = {}
-        for row in self.rows:
-            model = self.model_for(row, world)
-            if model is None:
-                continue
-            for group in self.groups:
-                spec = RunSpec(world=world, model=model, methods=self.chain(row, group), bench=bench,
-                               n=n, seed=seed, sampling=dict(sampling or {}))
-                out.setdefault(spec.key(), spec)
-        return list(out.values())
-
-
 def _parse_column(c: Any, group: int, where: str) -> Column:
-    c = _keys(c, ("id", "metric", "header", "format", "scale", "better"), ("id", "metric"), where)
+    c = _keys(c, ("id", "metric", "header", "format", "scale", "better", "relative"), ("id", "metric"), where)
     metric = str(c["metric"])
-    better = c["better"] if "better" in c else metric_direction(metric)
+    info = metric_info(metric, where)
+    relative = c.get("relative")
+    if relative is not None and relative not in RELATIVE:
+        raise TableSpecError(f"{where}: relative must be one of {', '.join(RELATIVE)}, got {relative!r}")
+    default_better = info.better
+    if relative == "speedup" and default_better is not None:
+        default_better = "higher" if default_better == "lower" else "lower"
+    better = c["better"] if "better" in c else default_better
     if better == "none":
         better = None
     if better not in ARROWS:
         raise TableSpecError(f"{where}: better must be lower, higher or none, got {better!r}")
-    fmt = c.get("format")
+    fmt = c.get("format", info.format if relative is None else "{:.2f}")
     if fmt is not None:
         try:
             fmt.format(1.0)
         except (ValueError, IndexError, KeyError) as e:
             raise TableSpecError(f"{where}: bad format {fmt!r}: {e}") from None
-    return Column(id=str(c["id"]), metric=metric, header=str(c.get("header", METRIC_INFO.get(metric, (metric,))[0])),
-                  format=fmt, scale=float(c.get("scale", 1.0)), better=better, group=group)
+    header = c.get("header", info.header if relative is None else f"{info.header} {RELATIVE[relative][0]}")
+    return Column(id=str(c["id"]), metric=metric, header=str(header), format=fmt, scale=float(c.get("scale", 1.0)),
+                  better=better, group=group, relative=relative)
 
 
 def _parse_row(r: Any, where: str) -> Row:
@@ -300,8 +276,10 @@ def _parse_row(r: Any, where: str) -> Row:
         raise TableSpecError(f"{where}: give exactly one of method, methods, paper_only (got {kinds or 'none'})")
     methods = r.get("methods")
     try:
-        if methods is not None:
-            methods = canonical_methods(methods if isinstance(methods, list) else [methods])
+        if methods is not None:   # [] (or "dense") is the unmodified model
+            items = methods if isinstance(methods, list) else [methods]
+            methods = tuple(m for m in (format_method(*parse_method(x)) for x in (parse_chain(items) if items else []))
+                            if m != "dense")
         method = r.get("method")
         if method is not None:
             parse_method(method)
@@ -318,7 +296,8 @@ def parse_spec(data: Any, name: str, path: Optional[Path] = None) -> TableSpec:
     """Build and check a ``TableSpec`` from the YAML's data."""
     where = f"table spec {name}" + (f" ({path})" if path else "")
     d = _keys(data, ("title", "caption", "model", "bench", "n", "row_header", "settings", "groups",
-                     "info_columns", "rows", "paper", "footnotes"), ("title", "model", "bench", "groups", "rows"), where)
+                     "info_columns", "rows", "paper", "footnotes", "reference_row"),
+              ("title", "model", "bench", "groups", "rows"), where)
     settings = d.get("settings") or {}
     groups = []
     for i, g in enumerate(d["groups"]):
@@ -341,9 +320,19 @@ def parse_spec(data: Any, name: str, path: Optional[Path] = None) -> TableSpec:
                      model=dict(d["model"]), bench=dict(d["bench"]), n=dict(d.get("n") or {}),
                      row_header=str(d.get("row_header", "")), groups=tuple(groups), info_columns=infos,
                      rows=rows, paper={str(k): dict(v or {}) for k, v in (d.get("paper") or {}).items()},
-                     footnotes=tuple(str(f) for f in d.get("footnotes") or ()), path=path)
+                     footnotes=tuple(str(f) for f in d.get("footnotes") or ()), path=path,
+                     reference_row=_reference_row(d.get("reference_row"), rows, where))
     _check(spec, where)
     return spec
+
+
+def _reference_row(label: Optional[str], rows: Tuple[Row, ...], where: str) -> Optional[str]:
+    """The row that relative columns compare against: ``reference_row``, else the first dense row."""
+    if label is not None:
+        if label not in [r.label for r in rows]:
+            raise TableSpecError(f"{where}: reference_row {label!r} is not a row label")
+        return str(label)
+    return next((r.label for r in rows if r.methods == ()), None)
 
 
 def _check(spec: TableSpec, where: str) -> None:
@@ -359,6 +348,8 @@ def _check(spec: TableSpec, where: str) -> None:
             raise TableSpecError(f"{where}: paper numbers for unknown row {label!r}; rows: {labels}")
         if set(cells) - col_ids:
             raise TableSpecError(f"{where}: paper row {label!r} has unknown columns {sorted(set(cells) - col_ids)}")
+    if any(c.relative for c in spec.columns) and spec.reference_row is None:
+        raise TableSpecError(f"{where}: relative columns need a reference_row (or a dense row, methods: [])")
     info_ids = {c.id for c in spec.info_columns}
     for row in spec.rows:
         if set(row.info) - info_ids:
@@ -418,31 +409,6 @@ class _Notes:
         return self.texts.index(text) + 1
 
 
-def _index(records: Mapping[str, Mapping[str, Any]] | Iterable[Mapping[str, Any]], world: str) -> Dict[tuple, list]:
-    values = records.values() if isinstance(records, Mapping) else records
-    index: Dict[tuple, list] = {}
-    for rec in values:
-        s = rec["spec"]
-        if s["world"] == world:
-            index.setdefault((s["model"], s["bench"], tuple(s["methods"])), []).append(rec)
-    return index
-
-
-def _pick(candidates: list, n: Optional[int], seed: Optional[int], sampling: Optional[Mapping]) -> Tuple[Optional[dict], Optional[str]]:
-    """The record to show among those of one chain, and a footnote if the choice was ambiguous."""
-    c = [r for r in candidates
-         if (n is None or r["spec"]["n"] == n) and (seed is None or r["spec"]["seed"] == seed)
-         and (sampling is None or r["spec"]["sampling"] == dict(sampling))]
-    if not c:
-        return None, None
-    c.sort(key=lambda r: (r["spec"]["n"], r.get("created", "")), reverse=True)
-    if len(c) == 1:
-        return c[0], None
-    s = c[0]["spec"]
-    return c[0], (f"{len(c)} records match {' + '.join(s['methods']) or 'dense'}; shown: the one with the "
-                  f"largest n (n={s['n']}, seed {s['seed']}, {c[0].get('created', '?')})")
-
-
 def _tex_escape(text: Any) -> str:
     table = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
              "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
@@ -462,33 +428,45 @@ def _cell_texts(ours: str, err: str, paper: str) -> Tuple[str, str]:
 # rendering
 
 
-def build_table(spec: TableSpec, world: str, records: Mapping[str, Mapping[str, Any]],
-                row_notes: Optional[Mapping[str, str]] = None, n: Optional[int] = None,
-                seed: Optional[int] = None, sampling: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-    """The table as data (the ``.json`` output); ``render`` turns it into text."""
+def build_table(spec: TableSpec, world: str, cells: Sequence[Any], found: Mapping[str, Mapping[str, Any]],
+                stale: Optional[Mapping[str, Sequence[Mapping[str, Any]]]] = None,
+                row_notes: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """The table as data (the ``.json`` output); ``render`` turns it into text.
+
+    ``cells``: the ``bench.plan.Cell`` of every (row, group) — its exact run spec or the reason it has
+    none; ``found``: spec key -> record; ``stale``: spec key -> stale records of the same request
+    (each gets a footnote saying why it was not used); ``row_notes``: extra footnotes per row label.
+    """
     row_notes = dict(row_notes or {})
+    stale = stale or {}
     labels = [r.label for r in spec.rows]
     unknown = sorted(set(row_notes) - set(labels))
     if unknown:
         raise KeyError(f"row_notes for unknown rows {unknown} of table {spec.name}; rows: {labels}")
+    by_cell = {(c.row, c.group): c for c in cells}
     bench = spec.bench_for(world)
-    index = _index(records, world)
     notes = _Notes()
     used: List[dict] = []
     rows_out = []
     for row in spec.rows:
         marks: List[int] = []
-        reason = spec.skip_reason(row, world)
-        for text in (row.note, reason, row_notes.get(row.label)):
+        for text in (row.note, row_notes.get(row.label)):
             if text:
                 marks.append(notes.mark(text))
         model = spec.model_for(row, world)
-        cells = {}
-        for group in spec.groups:
-            chain = spec.chain(row, group) if model else None
-            rec, ambiguity = _pick(index.get((model, bench, chain), []), n, seed, sampling) if model else (None, None)
-            if ambiguity:
-                marks.append(notes.mark(ambiguity))
+        cells_out = {}
+        for gi, group in enumerate(spec.groups):
+            cell = by_cell.get((row.label, gi))
+            rec = None
+            if cell is not None and cell.reason:
+                marks.append(notes.mark(cell.reason))
+            if cell is not None and cell.spec is not None:
+                rec = found.get(cell.spec.key())
+                for old in stale.get(cell.spec.key(), ()) if rec is None else ():
+                    from bench.plan import staleness
+                    why = staleness(old).reason or "its key differs"
+                    marks.append(notes.mark(f"not shown: a stale record of {cell.spec.label()} ({why}); "
+                                            f"rerun with `varbench table {spec.name}`"))
             if rec is not None:
                 if not any(rec is u for u in used):
                     used.append(rec)
@@ -501,32 +479,60 @@ def build_table(spec: TableSpec, world: str, records: Mapping[str, Mapping[str, 
                     ours = got[0] * col.scale if col.scale != 1.0 else got[0]
                     stderr = got[1] * col.scale if (got[1] is not None and col.scale != 1.0) else got[1]
                 paper = spec.paper.get(row.label, {}).get(col.id)
-                paper_txt = _fmt(paper, col.format) if paper is not None else "–"
-                md, tex = _cell_texts(_fmt(ours, col.format), _fmt(stderr, col.format), paper_txt)
-                cells[col.id] = {"ours": ours, "stderr": stderr, "paper": paper, "text": md, "tex": tex,
-                                 "run_id": rec["run_id"] if rec is not None and got is not None else None,
-                                 "methods": list(chain) if chain is not None else None}
+                cells_out[col.id] = {"ours": ours, "stderr": stderr, "paper": paper,
+                                     "run_id": rec["run_id"] if rec is not None and got is not None else None,
+                                     "methods": list(cell.spec.methods) if cell is not None and cell.spec else None}
         rows_out.append({"label": row.label, "status": "run" if model else ("paper-only" if row.paper_only else "no-model"),
-                         "model": model, "footnotes": sorted(set(marks)),
-                         "info": {c.id: row.info.get(c.id) for c in spec.info_columns}, "cells": cells})
-    commits = sorted({r.get("env", {}).get("git_commit", "unknown") for r in used})
+                         "model": model, "footnotes": marks, "info": {c.id: row.info.get(c.id) for c in spec.info_columns},
+                         "cells": cells_out})
+    _derive(spec, rows_out, notes)
+    for row in rows_out:
+        row["footnotes"] = sorted(set(row["footnotes"]))
+        for col in spec.columns:
+            c = row["cells"][col.id]
+            paper_txt = _fmt(c["paper"], col.format) if c["paper"] is not None else "–"
+            c["text"], c["tex"] = _cell_texts(_fmt(c["ours"], col.format), _fmt(c["stderr"], col.format), paper_txt)
+    commits = sorted({r.get("env", {}).get("git_commit") or "unknown" for r in used})
     dirty = any(r.get("env", {}).get("git_dirty") for r in used)
     return {
         "table": spec.name, "title": spec.title, "caption": spec.caption, "world": world,
         "model": spec.model.get(world), "bench": bench,
         "n": sorted({r["spec"]["n"] for r in used}), "seed": sorted({r["spec"]["seed"] for r in used}),
-        "records": len(used), "git_commits": commits, "git_dirty": dirty,
+        "records": len(used), "measured_cells": sum(1 for r in rows_out for c in r["cells"].values() if c["ours"] is not None),
+        "git_commits": commits, "git_dirty": dirty,
         "rendered_at_commit": git_commit(),
         "row_header": spec.row_header,
+        "reference_row": spec.reference_row,
         "groups": [{"label": g.label, "short": g.short, "setting": g.setting, "chain": list(g.chain),
                     "columns": [c.id for c in g.columns]} for g in spec.groups],
-        "columns": [{"id": c.id, "metric": c.metric, "header": c.header, "better": c.better,
+        "columns": [{"id": c.id, "metric": c.metric, "header": c.header, "better": c.better, "relative": c.relative,
                      "arrow": c.arrow, "group": c.group, "format": c.format} for c in spec.columns],
         "info_columns": [dataclasses.asdict(c) for c in spec.info_columns],
         "rows": rows_out,
         "general_footnotes": list(spec.footnotes),
         "footnotes": [{"mark": i + 1, "text": t} for i, t in enumerate(notes.texts)],
     }
+
+
+def _derive(spec: TableSpec, rows_out: List[dict], notes: "_Notes") -> None:
+    """Relative columns: ours = f(row's value, reference row's value) of the same metric and group.
+    Error bars are not propagated (stderr null)."""
+    rel = [c for c in spec.columns if c.relative]
+    if not rel:
+        return
+    ref = next(r for r in rows_out if r["label"] == spec.reference_row)
+    for col in rel:
+        ref_value = ref["cells"][col.id]["ours"]   # read before the reference row's own cell is derived
+        for row in rows_out:
+            c = row["cells"][col.id]
+            if c["ours"] is None:
+                continue
+            if ref_value is None or (col.relative != "delta" and (ref_value == 0 or c["ours"] == 0)):
+                row["footnotes"].append(notes.mark(f"{col.header}: no reference value ({spec.reference_row} not measured)"))
+                c["ours"] = None
+                continue
+            c["ours"] = RELATIVE[col.relative][1](c["ours"], ref_value)
+            c["stderr"] = None
 
 
 def footer(table: Mapping[str, Any]) -> str:
@@ -594,7 +600,7 @@ def _layout(table: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def _env() -> Tuple[jinja2.Environment, jinja2.Environment]:
-    loader = jinja2.FileSystemLoader(str(TEMPLATES_DIR))
+    loader = jinja2.FileSystemLoader(str(resource_dir("tables/templates")))
     md = jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                             trim_blocks=True, lstrip_blocks=True, autoescape=False)
     # LaTeX is full of braces and percent signs, so its template uses other delimiters.
@@ -607,38 +613,65 @@ def _env() -> Tuple[jinja2.Environment, jinja2.Environment]:
     return md, tex
 
 
-def render(spec: TableSpec | str, world: str, records: Mapping[str, Mapping[str, Any]],
-           row_notes: Optional[Mapping[str, str]] = None, out_dir: Optional[str | os.PathLike] = None,
-           n: Optional[int] = None, seed: Optional[int] = None, sampling: Optional[Mapping[str, Any]] = None,
-           formats: Sequence[str] = FORMATS) -> Dict[str, Any]:
-    """Render ``spec`` for ``world`` from ``records`` (run_id -> record).
+def check_formats(formats: Sequence[str]) -> Tuple[str, ...]:
+    formats = tuple(f.strip() for f in formats if f.strip())
+    bad = sorted(set(formats) - set(FORMATS))
+    if bad or not formats:
+        raise ValueError(f"unknown format(s) {bad or formats}; choose from {', '.join(FORMATS)} (comma-separated)")
+    return formats
 
-    Writes ``<out_dir>/<world>/<name>.{md,tex,json}`` (``out_dir`` defaults to ``tables/out``; only
-    the extensions in ``formats``) and returns ``{"md": str, "tex": str, "json": dict}``.
-    ``row_notes`` maps a row label to the reason it could not be computed (a footnote).
-    ``n``/``seed``/``sampling`` restrict which records count; by default any record of a cell's
-    (model, bench, method chain) does.
+
+def _had_cells(path: Path) -> bool:
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return any(isinstance(c, dict) and c.get("ours") is not None
+               for r in old.get("rows", []) if isinstance(r, dict) for c in (r.get("cells") or {}).values())
+
+
+def render(spec: TableSpec | str, world: str, cells: Sequence[Any], found: Mapping[str, Mapping[str, Any]],
+           stale: Optional[Mapping[str, Sequence[Mapping[str, Any]]]] = None,
+           row_notes: Optional[Mapping[str, str]] = None, out_dir: Optional[str | os.PathLike] = None,
+           formats: Sequence[str] = FORMATS, force: bool = False) -> Dict[str, Any]:
+    """Render ``spec`` for ``world`` (arguments as ``build_table``).
+
+    Writes ``<out_dir>/<world>/<name>.{md,tex,json}`` (``out_dir``: ``$VARBENCH_TABLES_OUT``, else
+    ``./tables/out``; only the extensions in ``formats``) and returns ``{"md", "tex", "json"}``.
+    A render without a single measured cell does not replace a table that has some, unless
+    ``force`` (``EmptyRenderError`` names the records that were looked for).
     """
     if not isinstance(spec, TableSpec):
         spec = load_spec(spec)
-    bad = sorted(set(formats) - set(FORMATS))
-    if bad:
-        raise ValueError(f"unknown formats {bad}; choose from {', '.join(FORMATS)}")
-    table = build_table(spec, world, records, row_notes, n=n, seed=seed, sampling=sampling)
+    formats = check_formats(formats)
+    table = build_table(spec, world, cells, found, stale, row_notes)
+    out = tables_out_dir(out_dir) / world
+    if not force and table["measured_cells"] == 0 and _had_cells(out / f"{spec.name}.json"):
+        wanted = sorted({str(c.spec.label()) for c in cells if c.spec is not None})
+        raise EmptyRenderError(
+            f"no record matches any cell of {spec.name}, and {out / (spec.name + '.json')} has measured cells: "
+            f"not replacing it with an empty table (use --force to do so). Looked for:\n  " + "\n  ".join(wanted))
     ctx = {"t": table, "l": _layout(table), "footer": footer(table)}
     md_env, tex_env = _env()
     md = md_env.get_template("table.md.j2").render(**ctx)
     tex = tex_env.get_template("table.tex.j2").render(**ctx)
-    out = Path(out_dir) if out_dir is not None else OUT_DIR
-    texts = {"md": md, "tex": tex, "json": json.dumps(table, indent=2, ensure_ascii=False) + "\n"}
+    texts = {"md": md, "tex": tex, "json": json.dumps(table, indent=2, ensure_ascii=False, allow_nan=False) + "\n"}
     for fmt in formats:
-        atomic_write_text(out / world / f"{spec.name}.{fmt}", texts[fmt])
+        atomic_write_text(out / f"{spec.name}.{fmt}", texts[fmt])
     return {"md": md, "tex": tex, "json": table}
 
 
-def render_all(world: str = "tiny", root: str | os.PathLike = "results", out_dir: Optional[str | os.PathLike] = None,
-               names: Optional[Iterable[str]] = None, formats: Sequence[str] = FORMATS) -> Dict[str, Dict[str, Any]]:
-    """Render every registered table (or ``names``) for ``world`` from the records under ``root``."""
-    records = load_records(root, world)
-    return {name: render(load_spec(name), world, records, out_dir=out_dir, formats=formats)
-            for name in (names if names is not None else TABLES.names())}
+def render_from_records(name: str, world: str = "tiny", root: Optional[str | os.PathLike] = None,
+                        out_dir: Optional[str | os.PathLike] = None, n: Optional[int] = None, seed: int = 0,
+                        sampling: Optional[Mapping[str, Any]] = None, formats: Sequence[str] = FORMATS,
+                        force: bool = False, records: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Dict[str, Any]:
+    """Render a table from the records under ``root`` (no runs, no torch). Checkpoint files absent
+    here are matched on every other field of the spec."""
+    from bench.plan import match_records, table_cells
+    from bench.records import load_records
+
+    spec = load_spec(name)
+    cells = table_cells(spec, world, n=n, seed=seed, sampling=sampling, need_ckpt=False)
+    records = load_records(root, world) if records is None else records
+    found, stale = match_records([c.spec for c in cells if c.spec is not None], records)
+    return render(spec, world, cells, found, stale, out_dir=out_dir, formats=formats, force=force)

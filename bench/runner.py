@@ -1,45 +1,24 @@
 """Run specs → records. One run = load the model, apply the method chain, sample the bench's
 images, score them, write one JSON record atomically (``bench.records``). A spec whose record
-exists is skipped (``force=True`` reruns it).
+exists is reused (``force=True`` reruns it). Specs come from ``bench.plan.make_spec``.
+
+Everything that can be checked before the work is checked first: the record folder is writable,
+the bench's reference files exist, an existing record is not of a newer schema.
 """
 from __future__ import annotations
 
+import json
 import time
-from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 from tqdm.auto import tqdm
 
 from bench.accounting import count_params, sampling_flops
-from bench.checkpoint import sha256
+from bench.io import check_writable_dir
 from bench.method import Context, apply_chain
-from bench.records import DEFAULT_ROOT, RunSpec, find_record, make_record, parse_method, write_record
-from bench.registry import BENCHES, METHODS, MODELS
-
-
-def make_spec(model: str, methods=(), bench: Optional[str] = None, n: Optional[int] = None, seed: int = 0,
-              sampling: Optional[dict] = None, world: Optional[str] = None) -> RunSpec:
-    """A complete run spec: defaults from the model card and the bench, names checked."""
-    card = MODELS.get(model)
-    world = world or card.world
-    bench_name = bench or {"paper": "imagenet256", "tiny": "shapes-c2i"}[world]
-    b = BENCHES.get(bench_name)
-    if b.world != world or card.world != world:
-        raise ValueError(f"world mismatch: --world {world}, model {model} is {card.world}-world, "
-                         f"bench {bench_name} is {b.world}-world")
-    for m in methods:
-        METHODS.get(parse_method(m)[0])
-    n = n if n is not None else b.default_n
-    if n <= 0 or n % b.num_classes:
-        raise ValueError(f"--n {n}: {bench_name} needs a positive multiple of its {b.num_classes} classes "
-                         f"(default {b.default_n})")
-    return RunSpec(world=world, model=model, methods=tuple(methods), bench=bench_name, n=n, seed=seed,
-                   sampling={**card.sampling, **(sampling or {})})
-
-
-def missing_methods(methods) -> list:
-    return [parse_method(m)[0] for m in methods if parse_method(m)[0] not in METHODS]
+from bench.records import SCHEMA_VERSION, RecordError, RunSpec, find_record, make_record, write_record
+from bench.registry import BENCHES, MODELS
 
 
 @torch.no_grad()
@@ -51,20 +30,46 @@ def sample(gen, bench, labels: torch.Tensor, seed: int, sampling: dict, progress
                       for bi, s in enumerate(tqdm(batches, desc=desc, disable=not progress))])
 
 
-def run(spec: RunSpec, root=DEFAULT_ROOT, force: bool = False, ckpt_dir=None, progress: bool = True,
+def _refuse_newer(path) -> None:
+    """``--force`` must not silently replace a record written by a newer varbench."""
+    if not path.is_file():
+        return
+    try:
+        schema = json.loads(path.read_text(encoding="utf-8")).get("schema")
+    except (ValueError, OSError, AttributeError):
+        return   # corrupt: replacing it is what --force is for
+    if isinstance(schema, int) and schema > SCHEMA_VERSION:
+        raise RecordError(f"{path} is a schema-{schema} record, newer than this varbench writes ({SCHEMA_VERSION}); "
+                          f"not overwriting it. Upgrade varbench, or delete the file to rerun with this version.")
+
+
+def preflight(spec: RunSpec, root=None) -> None:
+    """Checks that need no model: the record folder is writable and the bench's files exist."""
+    path = spec.path(root)
+    check_writable_dir(path.parent, "results folder")
+    _refuse_newer(path)
+    BENCHES.get(spec.bench)().preflight()
+
+
+def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: bool = True,
         device: str = "cpu") -> Dict:
+    if spec.ckpt is None:
+        raise ValueError(f"{spec.label()}: the spec has no checkpoint identity (files absent); cannot run it")
     path = spec.path(root)
     if not force:
         rec = find_record(spec, root)
         if rec is not None:
             return rec
+    preflight(spec, root)
     timings: Dict[str, float] = {}
     t0 = time.perf_counter()
     card = MODELS.get(spec.model)
     bench = BENCHES.get(spec.bench)()
+    if card.identity(ckpt_dir) != spec.ckpt:
+        raise ValueError(f"{spec.label()}: the checkpoint files in {card.folder(ckpt_dir)} are not the ones "
+                         f"this spec was made for; make the spec again")
     torch.manual_seed(spec.seed)
     gen = card(ckpt_dir=ckpt_dir, device=device).eval()
-    var_file = Path(ckpt_dir or card.default_dir or "") / card.var_file
     timings["load_s"] = time.perf_counter() - t0
 
     t = time.perf_counter()
@@ -85,11 +90,10 @@ def run(spec: RunSpec, root=DEFAULT_ROOT, force: bool = False, ckpt_dir=None, pr
     timings["total_s"] = time.perf_counter() - t0
 
     cost = {"params": count_params(gen.var), "tokenizer_params": count_params(gen.vae),
-            "flops": sampling_flops(gen, cfg=spec.sampling.get("cfg", 1.5)),
-            "flops_no_cfg": sampling_flops(gen, cfg=None),
+            "flops": sampling_flops(gen, **spec.sampling),
+            "flops_no_cfg": sampling_flops(gen, **{**spec.sampling, "cfg": None}),
             "images_per_s": spec.n / timings["sample_s"], "sample_batch": bench.batch_size,
             "latency_ms_per_image": 1000 * timings["sample_s"] / spec.n, "device": device}
-    rec = make_record(spec, metrics, cost, timings, ckpt_sha256=sha256(var_file) if var_file.is_file() else None,
-                      notes=ctx.notes, device=device)
+    rec = make_record(spec, metrics, cost, timings, notes=ctx.notes, device=device)
     write_record(path, rec)
     return rec

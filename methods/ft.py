@@ -22,9 +22,12 @@ class FineTune(Method):
     def apply(self, gen, ctx):
         if ctx.data is None or ctx.epoch_size <= 0:
             raise ValueError("ft needs training data: the bench provides none (Context.data / epoch_size)")
-        labels, tokens = ctx.data(ctx.epoch_size, "train")
         n = int(round(self.epochs * ctx.epoch_size))
-        steps = max(1, math.ceil(n / self.batch))
+        steps = math.ceil(n / self.batch)
+        if steps == 0:   # epochs=0: the identity setting
+            ctx.notes.append("ft: 0 steps (epochs=0)")
+            return gen
+        labels, tokens = ctx.data(ctx.epoch_size, "train")
         var = gen.var.train()
         opt = torch.optim.AdamW([p for p in var.parameters() if p.requires_grad], lr=self.lr,
                                 betas=(0.9, 0.95), weight_decay=self.wd)

@@ -13,13 +13,13 @@ import bench.records as R
 from bench.records import (
     RecordError,
     RunSpec,
-    canonical_methods,
     find_record,
     load_records,
     make_record,
     read_record,
     write_record,
 )
+from bench.spec import SpecError, canonical_method, parse_chain
 
 FIXTURES = Path(__file__).parent / "fixtures" / "records"
 REPO = Path(__file__).resolve().parent.parent
@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def spec(**kw):
     base = dict(world="tiny", model="tiny-var", methods=("evar:sparsity=0.4",), bench="shapes-c2i", n=1000,
-                seed=0, sampling={"cfg": 1.5, "top_k": 900})
+                seed=0, sampling={"cfg": 1.5, "top_k": 900}, ckpt={"tiny_var.safetensors": "ab" * 32},
+                method_versions={"evar": 1}, protocol={"version": 1}, requested={"methods": ["evar"], "sampling": {}})
     base.update(kw)
     return RunSpec(**base)
 
@@ -42,37 +43,47 @@ def record(s=None, **kw):
 def test_key_is_stable_and_insensitive_to_sampling_order():
     a = spec(sampling={"cfg": 1.5, "top_k": 900})
     b = spec(sampling={"top_k": 900, "cfg": 1.5})
-    assert a.key() == b.key() == "7bda64b0f0a70eaa"  # pinned: a changed key orphans every record
+    assert a.key() == b.key() == PINNED_KEY  # pinned: a changed key orphans every record
     assert a == b and hash(a) == hash(b) and len({a, b}) == 1
     assert re.fullmatch(r"[0-9a-f]{16}", a.key())
+
+
+PINNED_KEY = "4671d4adbf106980"
 
 
 def test_key_changes_with_what_is_run():
     base = spec()
     for other in (spec(n=999), spec(seed=1), spec(model="tiny-t2i"), spec(world="paper"),
-                  spec(methods=("evar:sparsity=0.2",)), spec(sampling={"cfg": 2.0, "top_k": 900})):
+                  spec(methods=("evar:sparsity=0.2",)), spec(sampling={"cfg": 2.0, "top_k": 900}),
+                  spec(ckpt={"tiny_var.safetensors": "cd" * 32}), spec(ckpt=None),
+                  spec(method_versions={"evar": 2}), spec(protocol={"version": 2})):
         assert other.key() != base.key()
+    # what was asked is not part of the key: two requests that resolve alike share one record
+    assert spec(requested={"methods": ["evar:sparsity=0.4"], "sampling": {}}).key() == base.key()
+    assert base.key(("ckpt",)) == spec(ckpt=None).key(("ckpt",))
     ab = spec(methods=("evar:sparsity=0.4", "ft:epochs=1"))
     ba = spec(methods=("ft:epochs=1", "evar:sparsity=0.4"))
     assert ab.key() != ba.key()  # a chain is applied in order
 
 
 def test_method_specs_are_canonical():
-    assert canonical_methods(["evar: sparsity=0.40, calib=pyramid", "dense", "ft:epochs=1"]) == (
-        "evar:calib=pyramid,sparsity=0.4", "ft:epochs=1")
-    assert canonical_methods("evar:sparsity=0.4 + psad") == ("evar:sparsity=0.4", "psad")
+    assert [canonical_method(m) for m in parse_chain("evar: sparsity=0.40, calib=pyramid + ft:epochs=1")] == [
+        "evar:calib=pyramid,sparsity=0.4", "ft:epochs=1"]
     assert spec(methods=["evar:sparsity=.4"]).key() == spec().key()
-    assert spec(methods=("dense",)).methods == ()
-    with pytest.raises(ValueError, match="key=value"):
-        canonical_methods(["evar:sparsity"])
+    with pytest.raises(SpecError, match="key=value"):
+        canonical_method("evar:sparsity")
+    for bad in ("", "+", "  ", "a + + b"):
+        with pytest.raises(SpecError, match="empty method"):
+            parse_chain(bad)
 
 
 def test_spec_dict_path_and_label():
     s = spec(methods=("magnitude:sparsity=0.4", "ft:epochs=1"))
     assert RunSpec.from_dict(s.to_dict()) == s
     assert s.path("results") == Path("results/tiny/tiny-var/shapes-c2i") / f"{s.key()}.json"
-    assert "magnitude:sparsity=0.4 + ft:epochs=1" in s.label() and "n=1000" in s.label()
-    assert "dense" in spec(methods=()).label()
+    assert "evar" in s.label() and "n=1000" in s.label()
+    assert "magnitude:sparsity=0.4 + ft:epochs=1" in spec(methods=s.methods, requested=None).label()
+    assert "dense" in spec(methods=(), requested=None).label()
     with pytest.raises(ValueError, match="unknown world"):
         spec(world="huge")
 
@@ -80,9 +91,10 @@ def test_spec_dict_path_and_label():
 # --- records -----------------------------------------------------------------------------------------
 
 def test_make_record_follows_the_schema():
-    rec = record(ckpt_sha256="ab" * 32, notes=["a deviation"])
+    rec = record(notes=["a deviation"])
     assert rec["schema"] == R.SCHEMA_VERSION and rec["run_id"] == spec().key()
-    assert rec["spec"]["ckpt_sha256"] == "ab" * 32 and rec["spec"]["methods"] == ["evar:sparsity=0.4"]
+    assert rec["spec"]["ckpt"] == {"tiny_var.safetensors": "ab" * 32} and rec["spec"]["methods"] == ["evar:sparsity=0.4"]
+    assert rec["spec"]["method_versions"] == {"evar": 1} and rec["spec"]["requested"]["methods"] == ["evar"]
     assert rec["metrics"]["is"] == {"value": 7.0, "stderr": None, "n": 1000}
     assert rec["metrics"]["fid"]["stderr"] == 0.3
     env = rec["env"]
@@ -122,7 +134,7 @@ def test_future_schema_is_rejected(tmp_path):
     rec["schema"] = R.SCHEMA_VERSION + 1
     p = tmp_path / "future.json"
     p.write_text(json.dumps(rec))
-    with pytest.raises(RecordError, match=r"schema version 2 is newer than this varbench reads.*upgrade"):
+    with pytest.raises(RecordError, match=rf"schema version {R.SCHEMA_VERSION + 1} is newer than this varbench reads.*upgrade"):
         read_record(p)
 
 
@@ -136,22 +148,49 @@ def test_corrupt_json_is_rejected(tmp_path, text):
 
 def test_malformed_records_are_rejected(tmp_path):
     p = tmp_path / "r.json"
+    fine = record()
+    nan_metric = json.loads(json.dumps(fine))
+    nan_metric["metrics"]["fid"]["value"] = float("nan")
+    inf_cost = json.loads(json.dumps(fine))
+    inf_cost["cost"]["params"] = float("inf")
+    no_commit = json.loads(json.dumps(fine))
+    no_commit["env"]["git_commit"] = None
     for bad, msg in (([1, 2], "expected a JSON object"), ({"run_id": "x"}, "no valid 'schema'"),
-                     ({**_fixture(), "run_id": "0" * 16}, "does not match its spec"),
-                     ({k: v for k, v in _fixture().items() if k != "metrics"}, "missing keys")):
+                     ({**fine, "run_id": "0" * 16}, "does not match its spec"),
+                     ({k: v for k, v in fine.items() if k != "metrics"}, "missing keys"),
+                     (nan_metric, "finite"), (inf_cost, "finite"), (no_commit, "git_commit")):
         p.write_text(json.dumps(bad))
         with pytest.raises(RecordError, match=msg):
             read_record(p)
 
 
-def test_old_schema_is_upgraded_through_the_migration_table(tmp_path, monkeypatch):
-    p = FIXTURES / "tiny-magnitude-ft-v1.json"
-    monkeypatch.setattr(R, "SCHEMA_VERSION", 2)
+def test_schema_1_records_are_upgraded_and_never_match_a_new_key(tmp_path):
+    old = _fixture()
+    rec = read_record(FIXTURES / "tiny-magnitude-ft-v1.json")
+    assert rec["schema"] == R.SCHEMA_VERSION == 2
+    s = rec["spec"]
+    assert s["methods"] == old["spec"]["methods"] and s["requested"]["methods"] == old["spec"]["methods"]
+    assert s["ckpt"] is None and s["method_versions"] is None and s["protocol"] is None
+    assert rec["run_id"] != old["run_id"] and rec["run_id"] == RunSpec.from_record(rec).key()
+    assert any(old["spec"]["ckpt_sha256"] in n for n in rec["notes"])
+
+
+def test_a_missing_migration_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.delitem(R.MIGRATIONS, 1)
     with pytest.raises(RecordError, match="no migration from schema version 1"):
-        read_record(p)
-    monkeypatch.setitem(R.MIGRATIONS, 1, lambda r: {**r, "notes": r["notes"] + ["migrated from v1"]})
-    rec = read_record(p)
-    assert rec["schema"] == 2 and rec["notes"][-1] == "migrated from v1"
+        read_record(FIXTURES / "tiny-magnitude-ft-v1.json")
+
+
+def test_record_files_get_the_users_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        p = write_record(tmp_path / "r.json", record())
+        assert p.stat().st_mode & 0o777 == 0o644
+        os.umask(0o002)
+        p = write_record(tmp_path / "r2.json", record())
+        assert p.stat().st_mode & 0o777 == 0o664
+    finally:
+        os.umask(old)
 
 
 # --- atomic write under SIGKILL ----------------------------------------------------------------------

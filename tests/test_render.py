@@ -2,78 +2,96 @@ import json
 
 import pytest
 
+from bench.plan import table_cells, unique_specs
 from bench.records import RunSpec, make_record, write_record
-from bench.registry import UnknownNameError
+from bench.registry import TABLES, UnknownNameError
 from bench.render import (
     PAPER_ONLY_NOTE,
+    EmptyRenderError,
     TableSpecError,
     expand_chain,
     load_spec,
     parse_spec,
     render,
-    render_all,
+    render_from_records,
 )
 
-TABLES = ("evar-table1", "evar-table2", "evar-table3", "evar-table4")
 BASELINES = ("slimgpt", "magnitude", "llm-pruner", "oba", "taylor", "evar")
 
 
-def chains(runs):
-    return {r.methods for r in runs}
-
-
-def tiny(methods, n=1000, seed=0, **kw):
-    return RunSpec("tiny", "tiny-var", tuple(methods), "shapes-c2i", n, seed, kw.pop("sampling", {}))
+def chains(t, world="tiny"):
+    """The chains (as written in the spec) of every row that runs in ``world``."""
+    return {t.chain(r, g) for r in t.rows if t.model_for(r, world) for g in t.groups}
 
 
 def fake(spec, metrics, notes=(), params=None):
     return make_record(spec, metrics, {"params": params} if params else {}, {}, notes=notes)
 
 
-@pytest.mark.parametrize("name", TABLES)
-def test_every_spec_loads_and_plans_tiny_runs(name):
+def cells_and_specs(name, n=600):
+    cells = table_cells(load_spec(name), "tiny", n=n)
+    return cells, {(c.row, c.group): c.spec for c in cells}
+
+
+@pytest.mark.parametrize("name", TABLES.names())
+def test_every_spec_loads_plans_and_renders_with_aligned_rows(name, tmp_path):
     t = load_spec(name)
-    runs = t.runs("tiny", n=64)
-    assert runs and len({r.key() for r in runs}) == len(runs)
-    assert {(r.world, r.model, r.bench, r.n, r.seed) for r in runs} == {("tiny", "tiny-var", "shapes-c2i", 64, 0)}
-    assert all(r.n == 50000 for r in t.runs("paper"))  # the paper protocol's n is in the spec
-    with pytest.raises(TableSpecError, match="pass n="):
-        t.runs("tiny")  # the tiny n comes from the bench default, passed in
+    cells = table_cells(t, "tiny")
+    assert len(cells) == len(t.rows) * len(t.groups)
+    for c in cells:
+        assert (c.spec is None) != (c.reason is None)   # a run, or the reason it has none
+    specs = unique_specs(cells)
+    assert len({s.key() for s in specs}) == len(specs)
+    assert all((s.world, s.model, s.bench) == ("tiny", "tiny-var", "shapes-c2i") for s in specs)
+    out = render(t, "tiny", cells, {}, out_dir=tmp_path)
+    lines = [ln for ln in out["md"].splitlines() if ln.startswith("|")]
+    assert len(lines) == 2 + len(t.rows) and len({len(ln) for ln in lines}) == 1, "ragged Markdown table"
+    ncols = 1 + len(t.columns) + len(t.info_columns)
+    body = [ln for ln in out["tex"].splitlines() if ln.rstrip().endswith("\\\\") and "multicolumn" not in ln]
+    assert body and all(ln.count(" & ") == ncols - 1 for ln in body), "LaTeX rows with the wrong cell count"
 
 
-def test_table2_runs_dense_plus_three_settings_per_method():
-    runs = load_spec("evar-table2").runs("tiny", n=1000)
+def test_table2_chains_dense_plus_three_settings_per_method():
     expected = {()} | {c for m in BASELINES for c in (
         (f"{m}:sparsity=0.4",), (f"{m}:sparsity=0.2",), (f"{m}:sparsity=0.4", "ft:epochs=1"))}
-    assert chains(runs) == expected and len(runs) == 1 + 3 * len(BASELINES)
+    assert chains(load_spec("evar-table2")) == expected
 
 
-def test_table1_runs_skip_paper_only_and_missing_models():
+def test_table2_cells_resolve_defaults_and_share_the_dense_run():
+    cells, specs = cells_and_specs("evar-table2")
+    dense = {specs[("Dense", g)].key() for g in range(3)}
+    assert len(dense) == 1
+    mag = specs[("Magnitude", 0)]
+    assert mag.methods == ("magnitude:norm=l2,scope=coupled,sparsity=0.4",)
+    assert mag.requested["methods"] == ["magnitude:sparsity=0.4"] and mag.method_versions == {"magnitude": 1}
+    assert set(mag.ckpt) == {"tiny_var.safetensors", "tiny_vqvae.safetensors"} and mag.protocol["version"] == 1
+    ft = specs[("Magnitude", 2)]
+    assert ft.methods[1].startswith("ft:batch=64,epochs=1.0,")
+    reasons = {c.row: c.reason for c in cells if c.reason}
+    assert "evar" in reasons["EVAR"] and "not implemented" in reasons["EVAR"]
+
+
+def test_table1_chains_skip_paper_only_and_missing_models():
     t = load_spec("evar-table1")
-    assert chains(t.runs("tiny", n=10)) == {(), ("evar:sparsity=0.2", "psad"), ("evar:sparsity=0.4", "psad")}
-    paper = {(r.model, r.methods) for r in t.runs("paper")}
+    assert chains(t) == {(), ("evar:sparsity=0.2", "psad"), ("evar:sparsity=0.4", "psad")}
+    paper = {(t.model_for(r, "paper"), t.chain(r, g)) for r in t.rows if t.model_for(r, "paper") for g in t.groups}
     assert ("var-d20", ()) in paper and ("var-d24", ("fastvar",)) in paper and len(paper) == 8
-    assert not any("llamagen" in m.lower() for _, ms in paper for m in ms)
 
 
-def test_table3_and_table4_runs():
-    t3 = chains(load_spec("evar-table3").runs("tiny", n=10))
-    assert t3 == {(), ("evar:sparsity=0.4",)} | {(f"evar:calib={c},sparsity=0.4",)
-                                                  for c in ("first", "fifth", "last", "concat")}
-    t4 = chains(load_spec("evar-table4").runs("tiny", n=10))
+def test_table3_and_table4_chains():
+    assert chains(load_spec("evar-table3")) == {(), ("evar:sparsity=0.4",)} | {
+        (f"evar:calib={c},sparsity=0.4",) for c in ("first", "fifth", "last", "concat")}
     p = "evar:sparsity=0.4"
-    assert t4 == {(p,), (p, "ft"), (p, "kd"), (p, "psad"), (p, "psad:weighting=exp-increase"),
-                  (p, "psad:weighting=linear-increase"), (p, "psad:weighting=exp-decay")}
+    assert chains(load_spec("evar-table4")) == {(p,), (p, "ft"), (p, "kd"), (p, "psad"), (p, "psad:weighting=exp-increase"),
+                                                (p, "psad:weighting=linear-increase"), (p, "psad:weighting=exp-decay")}
 
 
-def test_shared_runs_and_numbers_agree_across_tables():
+def test_shared_numbers_agree_across_tables():
     # EVAR 40% training-free: Table 2 cell = Table 3 pyramid row = Table 4 starting point (58.21).
     t2, t3, t4 = (load_spec(f"evar-table{i}") for i in (2, 3, 4))
     assert t2.paper["EVAR"]["tf40_fid"] == t3.paper["Pyramid-Aware Accumulation (Ours)"]["fid"] \
         == t4.paper["Pruned (Training-free)"]["fid"] == 58.21
     assert t2.paper["Magnitude"]["tf40_fid"] == 180.82
-    key = tiny(["evar:sparsity=0.4"]).key()
-    assert all(key in {r.key() for r in t.runs("tiny", n=1000)} for t in (t2, t3, t4))
 
 
 def test_expand_chain_merges_parameters():
@@ -84,14 +102,13 @@ def test_expand_chain_merges_parameters():
 
 
 def test_render_fills_exactly_the_cells_with_records(tmp_path):
-    t = load_spec("evar-table2")
-    recs = [fake(tiny(["magnitude:sparsity=0.4"]), {"fid": {"value": 12.3456, "stderr": 0.5}, "is": 7.0},
+    cells, specs = cells_and_specs("evar-table2")
+    mag, dense = specs[("Magnitude", 0)], specs[("Dense", 0)]
+    recs = [fake(mag, {"fid": {"value": 12.3456, "stderr": 0.5}, "is": 7.0},
                  notes=["magnitude: L2 norm over each head / channel group"]),
-            fake(tiny([]), {"fid": 3.0, "is": 20.0}),
-            fake(RunSpec("paper", "var-d16", ("magnitude:sparsity=0.4",), "imagenet256", 50000, 0, {}),
-                 {"fid": 99.0})]  # another world: ignored
-    records = {r["run_id"]: r for r in recs}
-    out = render(t, "tiny", records, row_notes={"OBA": "oba: not implemented yet"}, out_dir=tmp_path)
+            fake(dense, {"fid": 3.0, "is": 20.0})]
+    found = {r["run_id"]: r for r in recs}
+    out = render("evar-table2", "tiny", cells, found, row_notes={"OBA": "oba: not implemented yet"}, out_dir=tmp_path)
 
     rows = {r["label"]: r for r in out["json"]["rows"]}
     cell = rows["Magnitude"]["cells"]["tf40_fid"]
@@ -99,22 +116,22 @@ def test_render_fills_exactly_the_cells_with_records(tmp_path):
     assert rows["Magnitude"]["cells"]["tf40_is"]["text"] == "7.00 / 3.90"
     assert rows["Magnitude"]["cells"]["tf20_fid"] == {
         "ours": None, "stderr": None, "paper": 152.29, "text": "/ 152.29", "tex": "/ 152.29",
-        "run_id": None, "methods": ["magnitude:sparsity=0.2"]}
+        "run_id": None, "methods": ["magnitude:norm=l2,scope=coupled,sparsity=0.2"]}
     assert [rows["Dense"]["cells"][c]["text"] for c in ("tf40_fid", "tf20_is", "ft40_fid")] == \
-        ["3.00 / 3.55", "20.00 / 274.40", "3.00 / 3.55"]  # one dense run fills every group (paper: EVAR Tab. 1 dense)
+        ["3.00 / 3.55", "20.00 / 274.40", "3.00 / 3.55"]  # one dense run fills every group
     filled = [(r["label"], c) for r in out["json"]["rows"] for c, v in r["cells"].items() if v["ours"] is not None]
     assert sorted(filled) == sorted([("Magnitude", "tf40_fid"), ("Magnitude", "tf40_is")]
                                     + [("Dense", c) for c in rows["Dense"]["cells"]])
+    assert out["json"]["measured_cells"] == len(filled)
 
     notes = {f["text"]: f["mark"] for f in out["json"]["footnotes"]}
     assert notes["magnitude: L2 norm over each head / channel group"] in rows["Magnitude"]["footnotes"]
     assert notes["oba: not implemented yet"] in rows["OBA"]["footnotes"]
     md = out["md"]
     assert "12.35 ± 0.50 / 180.82" in md and "/ 58.21" in md and "40% TF FID ↓" in md and "IS ↑" in md
-    assert f"[{notes['oba: not implemented yet']}] oba: not implemented yet" in md
     footer = md.strip().splitlines()[-1]
     commit = recs[0]["env"]["git_commit"][:12]
-    for part in ("world tiny", "model tiny-var", "bench shapes-c2i", "n 1000", f"git {commit}"):
+    for part in ("world tiny", "model tiny-var", "bench shapes-c2i", "n 600", f"git {commit}"):
         assert part in footer
 
     tex = out["tex"]
@@ -129,7 +146,8 @@ def test_render_fills_exactly_the_cells_with_records(tmp_path):
 
 
 def test_table1_paper_only_rows_have_a_footnote(tmp_path):
-    out = render("evar-table1", "tiny", {}, out_dir=tmp_path, formats=("md",))
+    cells = table_cells(load_spec("evar-table1"), "tiny")
+    out = render("evar-table1", "tiny", cells, {}, out_dir=tmp_path, formats=("md",))
     rows = {r["label"]: r for r in out["json"]["rows"]}
     notes = {f["mark"]: f["text"] for f in out["json"]["footnotes"]}
     for label in ("LlamaGen-L", "AiM-L", "CoDe (N=8)"):
@@ -140,38 +158,75 @@ def test_table1_paper_only_rows_have_a_footnote(tmp_path):
     assert [p.name for p in (tmp_path / "tiny").iterdir()] == ["evar-table1.md"]
 
 
-def test_several_matching_records_pick_the_largest_n_or_the_requested_one(tmp_path):
-    small = fake(tiny([], n=100), {"fid": 9.0})
-    big = fake(tiny([], n=1000), {"fid": 5.0})
-    records = {r["run_id"]: r for r in (small, big)}
-    out = render("evar-table3", "tiny", records, out_dir=tmp_path)
-    dense = out["json"]["rows"][0]
-    assert dense["cells"]["fid"]["ours"] == 5.0
-    assert any("2 records match" in f["text"] for f in out["json"]["footnotes"])
-    out = render("evar-table3", "tiny", records, out_dir=tmp_path, n=100)
-    assert out["json"]["rows"][0]["cells"]["fid"]["ours"] == 9.0 and out["json"]["n"] == [100]
-
-
 def test_params_are_scaled_to_millions(tmp_path):
-    rec = fake(tiny([]), {"fid": 3.5}, params=1_312_768)
-    out = render("evar-table3", "tiny", {rec["run_id"]: rec}, out_dir=tmp_path, formats=())
+    cells, specs = cells_and_specs("evar-table3")
+    rec = fake(specs[(load_spec("evar-table3").rows[0].label, 0)], {"fid": 3.5}, params=1_312_768)
+    out = render("evar-table3", "tiny", cells, {rec["run_id"]: rec}, out_dir=tmp_path, formats=("json",))
     assert out["json"]["rows"][0]["cells"]["params"]["text"] == "1.313 / 310"
 
 
-def test_render_all_reads_the_results_tree(tmp_path):
-    rec = fake(tiny(["evar:sparsity=0.4"]), {"fid": 40.0, "is": 9.0})
+def test_render_from_records_reads_the_results_tree_without_checkpoints(tmp_path, monkeypatch):
+    cells, specs = cells_and_specs("evar-table2")
+    rec = fake(specs[("Magnitude", 0)], {"fid": 40.0, "is": 9.0})
     write_record(RunSpec.from_record(rec).path(tmp_path / "results"), rec)
-    out = render_all("tiny", root=tmp_path / "results", out_dir=tmp_path / "out",
-                     names=["evar-table2", "evar-table3"])
-    assert "40.00 / 58.21" in out["evar-table2"]["md"] and "40.00 / 58.21" in out["evar-table3"]["md"]
-    assert (tmp_path / "out" / "tiny" / "evar-table3.tex").is_file()
+    out = render_from_records("evar-table2", "tiny", root=tmp_path / "results", out_dir=tmp_path / "out", n=600)
+    assert "40.00 / 180.82" in out["md"]
+    # the same records render where the checkpoints are absent (results synced from another machine)
+    monkeypatch.setenv("VARBENCH_TINY_DIR", str(tmp_path / "nowhere"))
+    (tmp_path / "nowhere").mkdir()
+    import shutil
+
+    from bench.resources import resource_dir
+    shutil.copy(resource_dir("assets/tiny") / "feature_cnn.safetensors", tmp_path / "nowhere")
+    out = render_from_records("evar-table2", "tiny", root=tmp_path / "results", out_dir=tmp_path / "out", n=600)
+    assert "40.00 / 180.82" in out["md"]
+
+
+def test_an_empty_render_does_not_replace_a_table_with_cells(tmp_path):
+    cells, specs = cells_and_specs("evar-table2")
+    rec = fake(specs[("Dense", 0)], {"fid": 3.0, "is": 20.0})
+    render("evar-table2", "tiny", cells, {rec["run_id"]: rec}, out_dir=tmp_path)
+    before = (tmp_path / "tiny" / "evar-table2.md").read_text()
+    with pytest.raises(EmptyRenderError, match="--force") as e:
+        render("evar-table2", "tiny", cells, {}, out_dir=tmp_path)
+    assert "tiny-var dense @ shapes-c2i n=600" in str(e.value)
+    assert (tmp_path / "tiny" / "evar-table2.md").read_text() == before
+    render("evar-table2", "tiny", cells, {}, out_dir=tmp_path, force=True)
+    assert (tmp_path / "tiny" / "evar-table2.md").read_text() != before
+
+
+def test_relative_columns_are_derived_from_the_reference_row(tmp_path):
+    spec = parse_spec({
+        "title": "t", "model": {"tiny": "tiny-var"}, "bench": {"tiny": "shapes-c2i"},
+        "groups": [{"columns": [{"id": "lat", "metric": "latency_ms_per_image"},
+                                {"id": "speed", "metric": "latency_ms_per_image", "relative": "speedup"},
+                                {"id": "dfid", "metric": "fid", "relative": "delta"},
+                                {"id": "pr", "metric": "params", "relative": "ratio"}]}],
+        "rows": [{"label": "Dense", "methods": []}, {"label": "Mag", "method": "magnitude:sparsity=0.2"}]}, "toy")
+    assert spec.reference_row == "Dense"
+    cols = {c.id: c for c in spec.columns}
+    assert cols["speed"].better == "higher" and cols["dfid"].better == "lower" and "×" in cols["speed"].header
+    cells = table_cells(spec, "tiny")
+    sp = {c.row: c.spec for c in cells}
+    recs = [make_record(sp["Dense"], {"fid": 2.0}, {"latency_ms_per_image": 10.0, "params": 1000}, {}),
+            make_record(sp["Mag"], {"fid": 5.5}, {"latency_ms_per_image": 4.0, "params": 640}, {})]
+    out = render(spec, "tiny", cells, {r["run_id"]: r for r in recs}, out_dir=tmp_path, formats=("json",))
+    mag = out["json"]["rows"][1]["cells"]
+    assert mag["lat"]["ours"] == 4.0 and mag["speed"]["ours"] == pytest.approx(2.5)
+    assert mag["dfid"]["ours"] == pytest.approx(3.5) and mag["pr"]["ours"] == pytest.approx(0.64)
+    dense = out["json"]["rows"][0]["cells"]
+    assert dense["speed"]["ours"] == pytest.approx(1.0) and dense["dfid"]["ours"] == 0.0
+    # without the reference measurement, a relative cell stays empty and says why
+    out = render(spec, "tiny", cells, {recs[1]["run_id"]: recs[1]}, out_dir=tmp_path, formats=("json",))
+    assert out["json"]["rows"][1]["cells"]["speed"]["ours"] is None
+    assert any("no reference value" in f["text"] for f in out["json"]["footnotes"])
 
 
 def test_unknown_table_and_bad_specs_are_clear_errors():
     with pytest.raises(UnknownNameError, match="did you mean 'evar-table2'"):
         load_spec("evar-tabel2")
     with pytest.raises(KeyError, match="unknown rows"):
-        render("evar-table2", "tiny", {}, row_notes={"Magnitud": "typo"}, formats=())
+        render("evar-table2", "tiny", [], {}, row_notes={"Magnitud": "typo"}, formats=("md",))
     good = {"title": "t", "model": {"tiny": "tiny-var"}, "bench": {"tiny": "shapes-c2i"},
             "groups": [{"columns": [{"id": "fid", "metric": "fid"}]}], "rows": [{"label": "A", "method": "evar"}]}
     parse_spec(good, "x")
@@ -179,6 +234,10 @@ def test_unknown_table_and_bad_specs_are_clear_errors():
                      ({**good, "paper": {"B": {"fid": 1.0}}}, "unknown row 'B'"),
                      ({**good, "paper": {"A": {"is": 1.0}}}, "unknown columns"),
                      ({**good, "rows": [{"label": "A"}]}, "exactly one of"),
-                     ({**good, "groups": [{"setting": "s", "columns": []}]}, "unknown setting")):
+                     ({**good, "groups": [{"setting": "s", "columns": []}]}, "unknown setting"),
+                     ({**good, "groups": [{"columns": [{"id": "f", "metric": "fdi"}]}]}, "did you mean 'fid'"),
+                     ({**good, "groups": [{"columns": [{"id": "f", "metric": "fid", "relative": "speedup"}]}]},
+                      "reference_row"),
+                     ({**good, "reference_row": "Z"}, "not a row label")):
         with pytest.raises(TableSpecError, match=msg):
             parse_spec(bad, "x")

@@ -1,12 +1,16 @@
-"""End to end on the shipped tiny world: a run writes one record, a rerun reuses it, tables render."""
+"""End to end on the shipped tiny world: a run writes one record, a rerun reuses it, a changed method
+makes it stale, tables render from records."""
+import copy
 import json
 import time
 
 import pytest
 
 from bench.cli import main
+from bench.plan import make_spec, staleness
 from bench.records import read_record
-from bench.runner import make_spec, run
+from bench.registry import METHODS
+from bench.runner import run
 from bench.tiny.assets import ASSETS
 
 pytestmark = pytest.mark.skipif(not (ASSETS / "tiny_var.safetensors").is_file(),
@@ -21,6 +25,7 @@ def test_run_writes_a_record_and_reuses_it(tmp_path):
     assert {"fid", "is", "precision", "recall", "class_acc"} <= set(rec["metrics"])
     assert rec["metrics"]["fid"]["stderr"] is not None
     dense = run(make_spec("tiny-var", [], n=24), root=tmp_path, progress=False)
+    assert dense["metrics"]["class_acc"]["value"] >= 0.9        # the shipped model draws its classes
     assert rec["cost"]["params"] < dense["cost"]["params"] and rec["cost"]["flops"] < dense["cost"]["flops"]
     assert any(n.startswith("magnitude:") for n in rec["notes"])
     t = time.perf_counter()
@@ -28,10 +33,67 @@ def test_run_writes_a_record_and_reuses_it(tmp_path):
     assert again == rec and time.perf_counter() - t < 2.0
 
 
-def test_same_seed_same_metrics(tmp_path):
+def test_same_seed_same_metrics_other_seed_other_metrics(tmp_path):
     a = run(make_spec("tiny-var", [], n=24, seed=3), root=tmp_path / "a", progress=False)
     b = run(make_spec("tiny-var", [], n=24, seed=3), root=tmp_path / "b", progress=False)
+    c = run(make_spec("tiny-var", [], n=24, seed=4), root=tmp_path / "c", progress=False)
     assert a["metrics"] == b["metrics"]
+    assert a["metrics"]["fid"]["value"] != c["metrics"]["fid"]["value"]
+
+
+def test_defaults_spelled_out_or_omitted_hash_equal():
+    a = make_spec("tiny-var", "magnitude", n=24)
+    b = make_spec("tiny-var", "magnitude:sparsity=0.40,norm=l2,scope=coupled", n=24)
+    c = make_spec("tiny-var", ["magnitude:scope=coupled"], n=24, sampling={"cfg": 2.0})   # the tiny default cfg
+    assert a.key() == b.key() == c.key() and a.requested != b.requested
+    assert make_spec("tiny-var", "magnitude:sparsity=0.2", n=24).key() != a.key()
+    assert make_spec("tiny-var", "dense", n=24).key() == make_spec("tiny-var", [], n=24).key()
+
+
+@pytest.fixture
+def magnitude_meta(monkeypatch):
+    """Edit magnitude's YAML declaration in memory (as a changed methods/magnitude.yaml would)."""
+    meta = copy.deepcopy(METHODS.meta("magnitude"))
+    monkeypatch.setitem(METHODS._meta, "magnitude", meta)
+    return meta
+
+
+@pytest.mark.parametrize("change", ["version", "default"])
+def test_a_changed_method_makes_its_record_stale_and_reruns(tmp_path, magnitude_meta, change, capsys):
+    spec = make_spec("tiny-var", ["magnitude:sparsity=0.4"], n=12)
+    old = run(spec, root=tmp_path, progress=False)
+    assert not staleness(old).stale
+    if change == "version":
+        magnitude_meta["version"] = 2
+    else:
+        magnitude_meta["params"]["norm"]["default"] = "l1"
+    st = staleness(old)
+    assert st.stale and ("magnitude v1→v2" in st.reason if change == "version" else "norm=l1" in st.reason)
+    new_spec = make_spec("tiny-var", ["magnitude:sparsity=0.4"], n=12)
+    assert new_spec.key() != spec.key()
+    # `varbench runs --stale` lists it; `table --no-run` does not show it and says why
+    assert main(["runs", "--stale", "--results", str(tmp_path)]) == 0
+    assert old["run_id"] in capsys.readouterr().out
+    new = run(new_spec, root=tmp_path, progress=False)
+    assert new["run_id"] == new_spec.key() != old["run_id"]
+    assert not staleness(new).stale
+    assert main(["runs", "--prune-stale", "--yes", "--results", str(tmp_path)]) == 0
+    assert not spec.path(tmp_path).exists() and new_spec.path(tmp_path).exists()
+
+
+def test_an_altered_checkpoint_is_refused(tmp_path, monkeypatch):
+    import shutil
+    for f in ASSETS.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    monkeypatch.setenv("VARBENCH_TINY_DIR", str(tmp_path))
+    make_spec("tiny-var", [], n=12)     # an identical copy is fine
+    with open(tmp_path / "tiny_var.safetensors", "r+b") as fh:
+        fh.seek(-4, 2)
+        fh.write(b"\x00\x01\x02\x03")
+    from bench.checkpoint import CheckpointError
+    with pytest.raises(CheckpointError, match="does not match .*manifest"):
+        make_spec("tiny-var", [], n=12)
+    assert main(["run", "--model", "tiny-var", "--n", "12", "--results", str(tmp_path / "r")]) == 2
 
 
 def test_world_mismatch_is_an_error():
@@ -40,14 +102,22 @@ def test_world_mismatch_is_an_error():
 
 
 def test_table_command_renders_records_and_says_why_rows_are_empty(tmp_path, capsys):
-    run(make_spec("tiny-var", [], n=24), root=tmp_path / "r", progress=False)
+    dense = run(make_spec("tiny-var", [], n=24), root=tmp_path / "r", progress=False)
     assert main(["table", "evar-table2", "--n", "24", "--results", str(tmp_path / "r"), "--out",
                  str(tmp_path / "out"), "--quiet", "--no-run"]) == 0
     md = capsys.readouterr().out
     assert "180.82" in md and "Magnitude" in md            # paper numbers beside ours
     assert "not implemented in varbench yet" in md          # SlimGPT & co. until their issues land
     js = json.loads((tmp_path / "out" / "tiny" / "evar-table2.json").read_text())
-    assert js and (tmp_path / "out" / "tiny" / "evar-table2.tex").is_file()
+    dense_row = next(r for r in js["rows"] if r["label"] == "Dense")
+    assert dense_row["cells"]["tf40_fid"]["ours"] == dense["metrics"]["fid"]["value"]
+    assert dense_row["cells"]["tf40_fid"]["run_id"] == dense["run_id"]
+    assert (tmp_path / "out" / "tiny" / "evar-table2.tex").is_file()
+    # --format json prints JSON (and writes only the .json)
+    assert main(["table", "evar-table2", "--n", "24", "--results", str(tmp_path / "r"), "--out",
+                 str(tmp_path / "out2"), "--no-run", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["table"] == "evar-table2"
+    assert [p.name for p in (tmp_path / "out2" / "tiny").iterdir()] == ["evar-table2.json"]
 
 
 def test_unknown_table_name(capsys):

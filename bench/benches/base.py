@@ -2,40 +2,65 @@
 
 A bench fixes the protocol (conditions, seeds, sampling defaults, reference set, metrics) in its
 docstring and code; the runner only asks it for ``labels(n)``, ``batch_seed`` and ``evaluate``.
+
+Bench modules are imported to learn the benches' names and facts (world, classes, default n,
+protocol version) without torch: they import torch, data and metrics inside their methods only.
+
+``version`` is the protocol version: bump it whenever the bench's conditions, seeds, reference set
+or metric code change, so that every record made under the old protocol is reported stale.
+``identity()`` adds the files the scores depend on (e.g. the feature network's sha256).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import TYPE_CHECKING, Dict, List, Tuple
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class Bench:
     name: str = ""
     world: str = ""
     model: str = ""                 # the model this bench is run with by default
+    num_classes: int = 0
     default_n: int = 0
     batch_size: int = 50
+    epoch_size: int = 0             # images per "epoch" of the training split (recovery methods)
+    version: int = 1                # protocol version (see the module docstring)
+    metrics: Tuple[str, ...] = ()   # what evaluate() returns (names of bench.metrics.catalog)
 
-    def labels(self, n: int) -> torch.Tensor:
+    def labels(self, n: int) -> "torch.Tensor":
         """Conditions of the n samples, class-major (n/num_classes per class, as VAR's FID protocol)."""
-        k = self.num_classes
-        if n % k:
-            raise ValueError(f"{self.name}: n={n} must be a multiple of the {k} classes")
-        return torch.arange(k).repeat_interleave(n // k)
+        import torch
+
+        self.check_n(n)
+        return torch.arange(self.num_classes).repeat_interleave(n // self.num_classes)
+
+    @classmethod
+    def check_n(cls, n) -> int:
+        k = cls.num_classes
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0 or n % k:
+            raise ValueError(f"--n {n!r}: {cls.name} needs a positive multiple of its {k} classes "
+                             f"(default {cls.default_n})")
+        return n
 
     @staticmethod
     def batch_seed(seed: int, batch_idx: int) -> int:
         """One torch.Generator seed per sampling batch (official: ``g_seed`` per batch)."""
         return seed * 1_000_003 + batch_idx
 
-    def evaluate(self, images_uint8: torch.Tensor, labels: torch.Tensor, seed: int = 0,
+    def identity(self) -> Dict[str, object]:
+        """What the scores depend on besides the images: the protocol version and any files."""
+        return {"version": self.version}
+
+    def preflight(self) -> None:
+        """Raise now (before any sampling) if a file ``evaluate`` will need is missing."""
+
+    def evaluate(self, images_uint8: "torch.Tensor", labels: "torch.Tensor", seed: int = 0,
                  progress: bool = True) -> Dict[str, dict]:
         raise NotImplementedError
 
-    def data(self, n: int, split: str, vae) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+    def data(self, n: int, split: str, vae) -> Tuple["torch.Tensor", List["torch.Tensor"]]:
         """(labels [n], token pyramid) of n images of ``split`` ("train" or "calib"), tokenised by
         the generator's own VQVAE, for calibration and fine-tuning."""
         raise NotImplementedError(f"{self.name} provides no training/calibration data")
-
-    epoch_size: int = 0

@@ -18,8 +18,6 @@ import os
 from pathlib import Path
 from typing import Dict
 
-import torch
-
 from bench.benches.base import Bench
 from bench.registry import BENCHES
 
@@ -36,6 +34,14 @@ class ImageNet256(Bench):
     batch_size = 50
     epoch_size = 1_281_167
     bootstrap = 10
+    version = 1
+    metrics = ("fid", "is", "kid", "precision", "recall")
+
+    def preflight(self) -> None:
+        """The Inception weights and the ADM reference batch must be there before 50 000 images are sampled."""
+        from bench.metrics.paper import resolve_adm_reference, resolve_inception_weights
+        resolve_inception_weights()
+        resolve_adm_reference()
 
     def evaluate(self, images_uint8, labels, seed=0, progress=True) -> Dict[str, dict]:
         from bench.metrics.paper import evaluate_adm
@@ -44,6 +50,7 @@ class ImageNet256(Bench):
     def data(self, n: int, split: str, vae):
         """(labels, token pyramid) of n ImageNet images taken at a uniform stride over the folder
         (EVAR-code's calibration sampling), tokenised by the model's own VQVAE."""
+        import torch
         from PIL import Image
         from torchvision.datasets import ImageFolder
         from torchvision.transforms import functional as TF

@@ -14,13 +14,11 @@ tokenised by the tiny VQVAE; calibration data for pruning comes from the ``calib
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Dict, List, Tuple
-
-import torch
+from typing import Dict
 
 from bench.benches.base import Bench
-from bench.data import tinyshapes
 from bench.registry import BENCHES
+from bench.tiny import configs
 
 REF_N = 1200
 
@@ -28,30 +26,50 @@ REF_N = 1200
 @lru_cache(maxsize=4)
 def _reference_features(weights_path: str) -> dict:
     """Feature-CNN features of the reference set, extracted once per process (not once per run)."""
+    from bench.data import tinyshapes
     from bench.metrics.fidelity import extract_features
     return extract_features(tinyshapes.generate(REF_N, "ref")[0], weights_path=weights_path)
-
-
-def _tokens(n: int, split: str, vae) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-    from bench.data.tokens import tokenize_images
-    imgs, labels = tinyshapes.generate(n, split)
-    return labels, tokenize_images(vae, imgs, progress=False)
 
 
 @BENCHES.register("shapes-c2i")
 class ShapesC2I(Bench):
     name, world, model = "shapes-c2i", "tiny", "tiny-var"
-    num_classes = tinyshapes.NUM_CLASSES
-    default_n = 50 * tinyshapes.NUM_CLASSES
+    num_classes = configs.NUM_CLASSES
+    default_n = 50 * configs.NUM_CLASSES
     batch_size = 50
     epoch_size = 6144
     bootstrap = 10
+    version = 1
+    metrics = ("fid", "is", "kid", "precision", "recall", "class_acc")
 
     def __init__(self, feature_weights=None):
-        from bench.metrics.features import DEFAULT_WEIGHTS_PATH
-        self.feature_weights = str(feature_weights or DEFAULT_WEIGHTS_PATH)
+        self._feature_weights = feature_weights
+
+    @property
+    def feature_weights(self) -> str:
+        """The feature CNN (default: the shipped one, read at call time so $VARBENCH_TINY_DIR counts)."""
+        from bench.resources import tiny_assets_dir
+        return str(self._feature_weights or tiny_assets_dir() / "feature_cnn.safetensors")
+
+    def identity(self) -> Dict[str, object]:
+        """Protocol version + the feature CNN's sha256 (checked against its manifest): a retrained
+        feature network changes every score, so it changes every record key."""
+        from pathlib import Path
+
+        from bench.checkpoint import check_manifest
+        self.preflight()
+        path = Path(self.feature_weights)
+        return {"version": self.version, "files": {path.name: check_manifest(path)}}
+
+    def preflight(self) -> None:
+        from pathlib import Path
+        if not Path(self.feature_weights).is_file():
+            raise FileNotFoundError(f"feature network {self.feature_weights} not found: restore assets/tiny "
+                                    f"(git checkout -- assets/tiny) or rebuild it with `make tiny-models`")
 
     def evaluate(self, images_uint8, labels, seed=0, progress=True) -> Dict[str, dict]:
+        import torch
+
         from bench.metrics.features import load_feature_cnn
         from bench.metrics.fidelity import evaluate
         metrics = evaluate(images_uint8, _reference_features(self.feature_weights), bootstrap=self.bootstrap,
@@ -67,4 +85,7 @@ class ShapesC2I(Bench):
         return metrics
 
     def data(self, n: int, split: str, vae):
-        return _tokens(n, "calib" if split == "calib" else "train", vae)
+        from bench.data import tinyshapes
+        from bench.data.tokens import tokenize_images
+        imgs, labels = tinyshapes.generate(n, "calib" if split == "calib" else "train")
+        return labels, tokenize_images(vae, imgs, progress=False)

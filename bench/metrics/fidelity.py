@@ -49,7 +49,7 @@ from bench.registry import METRICS
 
 DEFAULT_EXTRACTOR = _features.EXTRACTOR_NAME
 DEFAULT_METRICS = ("fid", "is", "kid", "precision", "recall")
-HIGHER_IS_BETTER = {"fid": False, "is": True, "kid": False, "precision": True, "recall": True}
+HIGHER_IS_BETTER = {name: METRICS.get(name).higher_is_better for name in DEFAULT_METRICS}  # from the catalog
 
 FeatureSet = Dict[str, Any]  # {"features": Tensor[N,D] | None, "logits": Tensor[N,K] | None, "mu", "sigma"}
 
@@ -309,39 +309,22 @@ def evaluate(fake, ref=None, metrics: Iterable[str] = DEFAULT_METRICS, bootstrap
 
 
 # ---------------------------------------------------------------------------------------------------
-# Registered metric objects
+# Standalone metric callables (declared, with their metadata, in bench.metrics.catalog)
 # ---------------------------------------------------------------------------------------------------
 
-class FidelityMetric:
-    """One fidelity metric as a callable: ``metric(fake, ref=None, **options) -> float``.
-
-    ``fake``/``ref`` are anything :func:`evaluate` accepts; options are :func:`evaluate`'s keyword
-    arguments (``extractor``, ``weights_path``, ``seed``, ...). Benches that need error bars call
-    :func:`evaluate` directly (all metrics from one feature pass).
-    """
-
-    def __init__(self, name: str, higher_is_better: bool, description: str):
-        self.name, self.higher_is_better, self.description = name, higher_is_better, description
-        self.needs_reference = name != "is"
-
-    def __call__(self, fake, ref=None, **options) -> float:
+def _one(name: str):
+    def metric(fake, ref=None, **options) -> float:
+        """One fidelity metric: ``metric(fake, ref=None, **options) -> float``. ``fake``/``ref`` are
+        anything :func:`evaluate` accepts; options are its keyword arguments. Benches that need error
+        bars call :func:`evaluate` directly (all metrics from one feature pass)."""
         options.setdefault("bootstrap", 0)
-        return evaluate(fake, ref, metrics=(self.name,), **options)[self.name]["value"]
+        return evaluate(fake, ref, metrics=(name,), **options)[name]["value"]
+    metric.__name__ = name
+    return metric
 
-    def __repr__(self) -> str:
-        return f"FidelityMetric({self.name!r}, higher_is_better={self.higher_is_better})"
 
-
-_DESCRIPTIONS = {
-    "fid": "Fréchet distance between Gaussian fits of generated and reference features",
-    "is": "Inception Score: exp E KL(p(y|x) || p(y)) over logits_unbiased, mean over splits",
-    "kid": "Kernel Inception Distance: unbiased MMD² with a cubic polynomial kernel, mean over subsets",
-    "precision": "fraction of generated samples inside the reference k=3 manifold",
-    "recall": "fraction of reference samples inside the generated k=3 manifold",
-}
-FID, IS, KID, PRECISION, RECALL = (METRICS.register(name, FidelityMetric(name, HIGHER_IS_BETTER[name], _DESCRIPTIONS[name]))
-                                   for name in DEFAULT_METRICS)
+fid, inception_score, kid, precision, recall = (_one(n) for n in DEFAULT_METRICS)
 
 __all__ = ["extract_features", "as_feature_set", "fid_statistics", "fid_from_statistics", "fid_from_features",
-           "isc_from_logits", "kid_from_features", "prc_from_features", "evaluate", "FidelityMetric",
+           "isc_from_logits", "kid_from_features", "prc_from_features", "evaluate", "fid", "inception_score", "kid", "precision", "recall",
            "DEFAULT_EXTRACTOR", "DEFAULT_METRICS", "HIGHER_IS_BETTER"]

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from bench.defaults import SAMPLING
 from bench.models.policy import TokenPolicy
 from bench.models.var import VAR
 from bench.models.vqvae import VQVAE
@@ -71,8 +72,8 @@ class Generator(nn.Module):
 
     # ------------------------------------------------------------------ sampling
     @torch.no_grad()
-    def sample_tokens(self, labels_B: torch.Tensor, seed: Optional[int] = 0, cfg: Optional[float] = 1.5, top_k: int = 900,
-                      top_p: float = 0.96, more_smooth: bool = False,
+    def sample_tokens(self, labels_B: torch.Tensor, seed: Optional[int] = 0, cfg: Optional[float] = SAMPLING["cfg"],
+                      top_k: int = SAMPLING["top_k"], top_p: float = SAMPLING["top_p"], more_smooth: bool = False,
                       logits_hook: Optional[Callable[[int, torch.Tensor], None]] = None):
         """Returns (token pyramid [list of B×pn² int64], f_hat). ``logits_hook(si, logits)`` sees the
         raw [cond; uncond] logits of every scale before CFG (used by tests and FID* tools).
@@ -128,8 +129,8 @@ class Generator(nn.Module):
         return tokens, f_hat
 
     @torch.no_grad()
-    def generate(self, labels_B: torch.Tensor, seed: Optional[int] = 0, cfg: Optional[float] = 1.5, top_k: int = 900,
-                 top_p: float = 0.96, more_smooth: bool = False) -> torch.Tensor:
+    def generate(self, labels_B: torch.Tensor, seed: Optional[int] = 0, cfg: Optional[float] = SAMPLING["cfg"],
+                 top_k: int = SAMPLING["top_k"], top_p: float = SAMPLING["top_p"], more_smooth: bool = False) -> torch.Tensor:
         """Class-conditional images, uint8 [B, 3, H, W]."""
         _, f_hat = self.sample_tokens(labels_B, seed, cfg, top_k, top_p, more_smooth)
         return to_uint8(self.vae.fhat_to_img(f_hat).add_(1).mul_(0.5))

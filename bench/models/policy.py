@@ -2,7 +2,7 @@
 
 During sampling, every block's attention and FFN sub-layer is called through
 ``policy.sublayer(si, kind, block_idx, h_BLC, fn)``. The default splits that call into the three
-steps of DESIGN.md §4 — ``select`` the tokens to compute (None = all), run ``fn`` on the kept
+steps of the token-policy contract (docs/architecture.md) — ``select`` the tokens to compute (None = all), run ``fn`` on the kept
 tokens only, ``restore`` a full-length output — so a method overrides only the step it changes and
 no model file is edited. The identity policy computes every token and is bit-identical to having no
 policy at all (tests/test_sampling.py).

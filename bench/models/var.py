@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from bench.models.configs import VARConfig  # noqa: F401  (re-exported: the config is torch-free)
 
-# route(kind, block_idx, h_BLC, fn) -> out_BLC: the per-scale token-policy hook (DESIGN.md §4).
+# route(kind, block_idx, h_BLC, fn) -> out_BLC: the per-scale token-policy hook (bench/models/policy.py).
 Route = Optional[Callable[[str, int, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]]
 
 

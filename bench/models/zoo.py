@@ -1,55 +1,34 @@
-"""Registered models: a :class:`ModelCard` per name says how to build and load it.
-
-Paper world: the official FoundationVision/VAR checkpoints (``var_d{16,20,24,30}.pth`` with the
-shared ``vae_ch160v4096z32.pth``), 256×256, patch_nums 1…16. Weights are read from
-``--ckpt-dir`` / ``$VARBENCH_CKPT_DIR``; a missing file is an error naming its official source.
+"""Building and loading the generators that ``bench.models.cards`` describes (the torch side of a
+model card): strict loading, with cosine attention and per-block sizes (pruned models) read from the
+checkpoint itself.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from bench import defaults
-from bench.checkpoint import load_strict, locate, read_state_dict
+from bench.checkpoint import load_strict, read_state_dict
+from bench.models.cards import ModelCard
+from bench.models.configs import VARConfig, VQVAEConfig
 from bench.models.generator import Generator
-from bench.models.var import VAR, VARConfig, attn_l2_norm_in, sizes_in
-from bench.models.vqvae import VQVAE, VQVAEConfig
-from bench.registry import MODELS
-
-VAR_SOURCE = "https://huggingface.co/FoundationVision/var/resolve/main/"
+from bench.models.var import VAR, attn_l2_norm_in, sizes_in
+from bench.models.vqvae import VQVAE
 
 
-@dataclass(frozen=True)
-class ModelCard:
-    name: str
-    var_cfg: VARConfig
-    vae_cfg: VQVAEConfig
-    var_file: str
-    vae_file: str
-    source: str = VAR_SOURCE
-    world: str = "paper"
-    sampling: dict = field(default_factory=lambda: dict(defaults.SAMPLING))
-    default_dir: Optional[Path] = None     # where the files are when no --ckpt-dir is given (tiny world)
+def build(card: ModelCard, var_cfg: Optional[VARConfig] = None, device="cpu") -> Generator:
+    """Randomly initialised generator of ``card`` (``device='meta'``: no memory, for accounting)."""
+    with torch.device(device):
+        return Generator(VAR(var_cfg or card.var_cfg), VQVAE(card.vae_cfg), name=card.name)
 
-    @property
-    def image_size(self) -> int:
-        return self.vae_cfg.patch_nums[-1] * 2 ** (len(self.vae_cfg.ch_mult) - 1)
 
-    def build(self, var_cfg: Optional[VARConfig] = None, device="cpu") -> Generator:
-        """Randomly initialised generator (``device='meta'`` builds it without memory, for accounting)."""
-        with torch.device(device):
-            return Generator(VAR(var_cfg or self.var_cfg), VQVAE(self.vae_cfg), name=self.name)
-
-    def __call__(self, ckpt_dir=None, device="cpu") -> Generator:
-        """The generator with its checkpoints loaded (strict)."""
-        folder = ckpt_dir or self.default_dir
-        src = (lambda f: self.source + f) if self.world == "paper" else (lambda f: self.source)
-        vae_path = locate(self.vae_file, folder, src(self.vae_file))
-        var_path = locate(self.var_file, folder, src(self.var_file))
-        return load_generator(var_path, vae_path, self, device=device)
+def load(card: ModelCard, ckpt_dir=None, device="cpu") -> Generator:
+    """``card``'s generator with its checkpoints loaded (strict), after checking the files' identity
+    (every missing file listed; tiny-world files against their manifest)."""
+    card.identity(ckpt_dir)
+    files = card.files(ckpt_dir)
+    return load_generator(files[card.var_file], files[card.vae_file], card, device=device)
 
 
 def load_vae(path, cfg: VQVAEConfig, device="cpu") -> VQVAE:
@@ -78,25 +57,3 @@ def load_generator(var_path, vae_path, card: ModelCard, device="cpu") -> Generat
     vae = load_vae(vae_path, card.vae_cfg, device)
     var = load_var(var_path, card.var_cfg, device)
     return Generator(var, vae, name=card.name)
-
-
-def _official(depth: int) -> ModelCard:
-    return ModelCard(name=f"var-d{depth}", var_cfg=VARConfig.official(depth), vae_cfg=VQVAEConfig(),
-                     var_file=f"var_d{depth}.pth", vae_file="vae_ch160v4096z32.pth")
-
-
-for _d in (16, 20, 24, 30):
-    MODELS.register(f"var-d{_d}", _official(_d))
-
-
-def _tiny_var() -> ModelCard:
-    from bench.tiny import configs
-    from bench.tiny.assets import ASSETS
-    return ModelCard(name="tiny-var", var_cfg=configs.TINY_VAR, vae_cfg=configs.TINY_VAE,
-                     var_file="tiny_var.safetensors", vae_file="tiny_vqvae.safetensors",
-                     source="`make tiny-models` (retrains the tiny world from scratch, recipe in bench/recipes/tiny.py)",
-                     world="tiny", sampling=dict(configs.TINY_SAMPLING), default_dir=ASSETS)
-
-
-MODELS.register("tiny-var", _tiny_var())
-

@@ -1,5 +1,4 @@
 """Where the tiny world's shipped checkpoints live (``assets/tiny/``, or ``$VARBENCH_TINY_DIR``)."""
-import os
-from pathlib import Path
+from bench.resources import tiny_assets_dir
 
-ASSETS = Path(os.environ.get("VARBENCH_TINY_DIR") or Path(__file__).resolve().parents[2] / "assets" / "tiny")
+ASSETS = tiny_assets_dir()

@@ -1,0 +1,111 @@
+"""Files and provenance, one place for both: atomic writes, writable-folder checks, git metadata.
+
+Used by records, rendered tables, the feature CNN and the training recipes. Torch-free.
+
+- ``atomic_write_text`` / ``atomic_write_bytes``: readers see the old file or the new one, never a
+  mix; a process killed mid-write leaves at worst a hidden ``.<name>.*.tmp`` file. The file gets the
+  permissions a plain ``open(path, "w")`` would (``0666 & ~umask``), so a shared results folder works.
+- ``check_writable_dir``: fail before hours of work, not after, when an output folder cannot be used.
+- ``git_commit`` / ``git_dirty``: the varbench checkout a result came from (``"unknown"`` / None
+  outside a git checkout, e.g. after ``pip install``).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+PACKAGE_ROOT = Path(__file__).resolve().parent      # bench/
+SOURCE_ROOT = PACKAGE_ROOT.parent                    # the checkout (or site-packages when installed)
+
+
+def _umask() -> int:
+    mask = os.umask(0)   # the only portable way to read it: set, then restore at once
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (temporary file, fsync, ``os.replace``); folders are created."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())   # mkstemp creates 0600; give the file the user's usual mode
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:  # make the rename itself durable; not every platform can open a directory
+        dfd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return path
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """``atomic_write_bytes`` of UTF-8 text."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+class OutputDirError(OSError):
+    """An output folder that cannot be created or written (a file in its place, read-only, ...)."""
+
+
+def check_writable_dir(path: str | os.PathLike, what: str = "output folder") -> Path:
+    """Create ``path`` if needed and prove it writable (a probe file is created and removed).
+
+    Raises ``OutputDirError`` naming the folder and the reason; call it before the work starts.
+    """
+    path = Path(path)
+    for parent in (path, *path.parents):
+        if parent.exists() and not parent.is_dir():
+            raise OutputDirError(f"{what} {path}: {parent} is a file, not a folder")
+        if parent.exists():
+            break
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".varbench-write-check.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputDirError(f"{what} {path} is not writable ({e.strerror or e}); choose another folder") from None
+    return path
+
+
+def _git(*args: str) -> Optional[str]:
+    try:
+        out = subprocess.run(["git", *args], cwd=SOURCE_ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_commit() -> str:
+    """``git rev-parse HEAD`` of the varbench checkout, or ``"unknown"`` outside a git checkout."""
+    if not (SOURCE_ROOT / ".git").exists():
+        return "unknown"   # an installed copy: do not report the commit of whatever repo we sit in
+    return _git("rev-parse", "HEAD") or "unknown"
+
+
+def git_dirty() -> Optional[bool]:
+    """True if tracked files differ from HEAD, None when unknown."""
+    if not (SOURCE_ROOT / ".git").exists():
+        return None
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return None if status is None else bool(status)

@@ -1,0 +1,71 @@
+"""Every metric varbench reports, declared once: header, direction, format and meaning. Torch-free.
+
+Records store metric values by these names (under ``metrics`` or, for costs, ``cost``); the renderer,
+the leaderboard and ``varbench list metrics`` read the metadata from here, never from code that
+computes them. A metric with a ``compute`` entry is also a callable, ``METRICS.get(name)(fake, ref,
+**options) -> float``, imported on first call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from bench.registry import METRICS
+
+BETTER = ("lower", "higher", None)
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    name: str
+    header: str                 # column header in tables
+    better: Optional[str]       # "lower" | "higher" | None (no direction, e.g. params)
+    format: str                 # str.format of one value
+    description: str
+    compute: Optional[str] = None   # "module:attribute" of a callable computing it, if standalone
+
+    def __post_init__(self):
+        if self.better not in BETTER:
+            raise ValueError(f"metric {self.name}: better must be one of {BETTER}, got {self.better!r}")
+
+    @property
+    def higher_is_better(self) -> Optional[bool]:
+        return None if self.better is None else self.better == "higher"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> float:
+        if self.compute is None:
+            raise TypeError(f"metric {self.name!r} is computed by its bench, not on its own")
+        import importlib
+        module, _, attr = self.compute.partition(":")
+        return getattr(importlib.import_module(module), attr)(*args, **kwargs)
+
+
+
+for _m in (
+    # fidelity (torch-fidelity over the world's feature extractor)
+    MetricInfo("fid", "FID", "lower", "{:.2f}", "Fréchet distance between Gaussian fits of generated and reference features",
+               "bench.metrics.fidelity:fid"),
+    MetricInfo("is", "IS", "higher", "{:.2f}", "Inception Score: exp E KL(p(y|x) || p(y)) over logits_unbiased, mean over splits",
+               "bench.metrics.fidelity:inception_score"),
+    MetricInfo("kid", "KID", "lower", "{:.4f}", "Kernel Inception Distance: unbiased MMD² with a cubic polynomial kernel, mean over subsets",
+               "bench.metrics.fidelity:kid"),
+    MetricInfo("precision", "Precision", "higher", "{:.3f}", "fraction of generated samples inside the reference k=3 manifold",
+               "bench.metrics.fidelity:precision"),
+    MetricInfo("recall", "Recall", "higher", "{:.3f}", "fraction of reference samples inside the generated k=3 manifold",
+               "bench.metrics.fidelity:recall"),
+    MetricInfo("sfid", "sFID", "lower", "{:.2f}", "FID on spatial (mixed_6/conv) Inception features"),
+    MetricInfo("class_acc", "Class acc.", "higher", "{:.3f}",
+               "fraction of samples the world's classifier assigns to their conditioning class"),
+    MetricInfo("clip_score", "CLIP score", "higher", "{:.2f}", "100 · cosine(CLIP image, CLIP text), mean over samples"),
+    MetricInfo("geneval", "GenEval", "higher", "{:.2f}", "GenEval overall score (mean over the six task types)"),
+    # costs (in a record's ``cost`` block)
+    MetricInfo("params", "Params", None, "{:,.0f}", "learnable parameters of the generator transformer"),
+    MetricInfo("tokenizer_params", "Tokenizer params", None, "{:,.0f}", "learnable parameters of the tokenizer"),
+    MetricInfo("flops", "FLOPs", None, "{:.3g}", "transformer FLOPs to sample one image, CFG doubling included"),
+    MetricInfo("flops_no_cfg", "FLOPs (no CFG)", None, "{:.3g}", "transformer FLOPs to sample one image without CFG"),
+    MetricInfo("latency_ms", "Latency (ms)", "lower", "{:.1f}", "wall-clock time to generate one image"),
+    MetricInfo("latency_ms_per_image", "ms / image", "lower", "{:.1f}",
+               "sampling wall time of the run divided by its images (batched, this machine)"),
+    MetricInfo("images_per_s", "Images / s", "higher", "{:.2f}", "images sampled per second in the run (batched)"),
+):
+    METRICS.register(_m.name, _m)

@@ -1,0 +1,194 @@
+"""From what a user asks to exact run specs, and back: resolution, checks, staleness. Torch-free.
+
+``make_spec`` turns a request (model, method chain as typed, bench, n, seed, sampling overrides)
+into a :class:`~bench.records.RunSpec` whose key covers everything that changes the numbers: the
+resolved chain with every default filled in, each method's YAML ``version``, the sha256 of the
+checkpoint files, the bench's protocol identity, n, seed and the full sampling settings.
+
+A record is *stale* when its request, made again today, would not land on it: a method's default or
+version changed, the checkpoint or the feature network changed, the bench protocol changed, or the
+record predates the current key (schema 1). Stale records are never reused; ``varbench runs
+--stale`` lists them and ``--prune-stale`` deletes them.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from bench import defaults
+from bench.checkpoint import CheckpointNotFound
+from bench.records import RunSpec
+from bench.registry import BENCHES, METHODS, MODELS, UnknownNameError
+from bench.spec import canonical_method, chain_versions, parse_chain, parse_method, resolve_chain
+
+DEFAULT_BENCH = {"paper": "imagenet256", "tiny": "shapes-c2i"}
+
+
+def requested_chain(methods: str | Sequence[str] | None) -> List[str]:
+    """The chain as typed, canonical spelling, ``dense`` dropped (names checked, with suggestions)."""
+    chain = [canonical_method(m) for m in parse_chain(methods)]
+    for m in chain:
+        METHODS.meta(parse_method(m)[0])   # UnknownNameError with "did you mean"
+    return [m for m in chain if m != "dense"]
+
+
+def make_spec(model: str, methods: str | Sequence[str] | None = (), bench: Optional[str] = None,
+              n: Optional[int] = None, seed: int = 0, sampling: Optional[Mapping[str, Any]] = None,
+              world: Optional[str] = None, ckpt_dir: Optional[str | os.PathLike] = None,
+              need_ckpt: bool = True) -> RunSpec:
+    """A complete, checked run spec. ``sampling`` holds overrides of the model's defaults.
+
+    ``need_ckpt=False``: if the checkpoint files are not on this machine, ``ckpt`` is left null
+    (enough to look records up by everything else, e.g. to render tables from synced results).
+    """
+    card = MODELS.get(model)
+    world = world or card.world
+    if world not in defaults.WORLDS:
+        raise ValueError(f"unknown world {world!r}; expected one of {', '.join(defaults.WORLDS)}")
+    bench_name = bench or DEFAULT_BENCH[world]
+    bench_cls = BENCHES.get(bench_name)
+    if bench_cls.world != world or card.world != world:
+        raise ValueError(f"world mismatch: world {world}, model {model} is {card.world}-world, "
+                         f"bench {bench_name} is {bench_cls.world}-world")
+    requested = requested_chain(methods if methods is not None else ())
+    resolved = resolve_chain(requested) if requested else ()
+    n = bench_cls.check_n(n if n is not None else bench_cls.default_n)
+    seed = defaults.check_seed(seed)
+    overrides = defaults.check_sampling(dict(sampling or {}))
+    full_sampling = defaults.check_sampling({**card.sampling, **overrides})
+    try:
+        ckpt = card.identity(ckpt_dir)
+    except CheckpointNotFound:
+        if need_ckpt:
+            raise
+        ckpt = None
+    return RunSpec(world=world, model=model, methods=resolved, bench=bench_name, n=n, seed=seed,
+                   sampling=full_sampling, ckpt=ckpt, method_versions=chain_versions(resolved),
+                   protocol=bench_cls().identity(), requested={"methods": requested, "sampling": overrides})
+
+
+def missing_methods(methods: Iterable[str]) -> List[str]:
+    """Names in a chain that no method file provides yet."""
+    return [parse_method(m)[0] for m in methods if parse_method(m)[0] not in METHODS]
+
+
+# --------------------------------------------------------------------------------------------------
+# staleness
+
+
+@dataclass
+class Staleness:
+    stale: bool
+    reason: str = ""            # empty when current
+    current: Optional[RunSpec] = None   # the spec the request resolves to today (None: cannot tell)
+
+
+def _diff(old: Mapping[str, Any], new: RunSpec) -> str:
+    out = []
+    if old.get("method_versions") is None:
+        return "made before record keys covered method defaults, versions and checkpoints (schema 1)"
+    if list(old["methods"]) != list(new.methods):
+        out.append(f"method parameters now resolve to {' + '.join(new.methods) or 'dense'}")
+    if old["method_versions"] != new.method_versions:
+        ch = [f"{k} v{old['method_versions'].get(k)}→v{v}" for k, v in new.method_versions.items()
+              if old["method_versions"].get(k) != v]
+        out.append("method version " + ", ".join(ch))
+    if new.ckpt is not None and old.get("ckpt") != new.ckpt:
+        out.append("checkpoint files changed")
+    if old.get("protocol") != new.protocol:
+        out.append("bench protocol changed")
+    if dict(old.get("sampling") or {}) != new.sampling:
+        out.append("default sampling changed")
+    return "; ".join(out) or "key changed"
+
+
+def staleness(record: Mapping[str, Any], ckpt_dir: Optional[str | os.PathLike] = None) -> Staleness:
+    """Whether ``record``'s request would resolve to another spec today (see the module docstring)."""
+    s = record["spec"]
+    req = s.get("requested") or {"methods": s["methods"], "sampling": {}}
+    try:
+        current = make_spec(s["model"], req.get("methods") or (), bench=s["bench"], n=s["n"], seed=s["seed"],
+                            sampling=req.get("sampling") or {}, world=s["world"], ckpt_dir=ckpt_dir,
+                            need_ckpt=False)
+    except (UnknownNameError, ValueError, CheckpointNotFound) as e:
+        return Staleness(True, f"cannot be rerun as recorded: {e}".splitlines()[0])
+    ignore = ("ckpt",) if current.ckpt is None else ()
+    if RunSpec.from_dict(s).key(ignore) == current.key(ignore):
+        return Staleness(False, "", current)
+    return Staleness(True, _diff(s, current), current)
+
+
+# --------------------------------------------------------------------------------------------------
+# tables: which runs a table needs
+
+
+@dataclass
+class Cell:
+    """One (row, column group) of a table: the run it needs, or why it has none."""
+    row: str
+    group: int
+    spec: Optional[RunSpec] = None
+    reason: Optional[str] = None        # why no run (method not implemented, no model in this world)
+
+
+def table_cells(table, world: str, n: Optional[int] = None, seed: int = 0,
+                sampling: Optional[Mapping[str, Any]] = None, ckpt_dir=None, need_ckpt: bool = True) -> List[Cell]:
+    """The cells of a table spec (``bench.render.TableSpec``) for ``world``, each with its exact run spec."""
+    bench_name = table.bench_for(world)
+    bench_cls = BENCHES.get(bench_name)
+    n = n if n is not None else table.n.get(world) or bench_cls.default_n
+    cells: List[Cell] = []
+    for row in table.rows:
+        model = table.model_for(row, world)
+        for gi, group in enumerate(table.groups):
+            if model is None:
+                cells.append(Cell(row.label, gi, reason=table.skip_reason(row, world)))
+                continue
+            chain = table.chain(row, group)
+            missing = missing_methods(chain)
+            if missing:
+                cells.append(Cell(row.label, gi, reason=f"not computed: method(s) {', '.join(sorted(set(missing)))} "
+                                                        f"not implemented in varbench yet"))
+                continue
+            cells.append(Cell(row.label, gi, make_spec(model, chain, bench=bench_name, n=n, seed=seed,
+                                                       sampling=sampling, world=world, ckpt_dir=ckpt_dir,
+                                                       need_ckpt=need_ckpt)))
+    return cells
+
+
+def unique_specs(cells: Iterable[Cell]) -> List[RunSpec]:
+    """The distinct runs of some cells, in order (the dense row is one run for every group)."""
+    out: Dict[str, RunSpec] = {}
+    for c in cells:
+        if c.spec is not None:
+            out.setdefault(c.spec.key(), c.spec)
+    return list(out.values())
+
+
+def match_records(specs: Iterable[RunSpec], records: Mapping[str, Mapping[str, Any]]) -> Tuple[Dict[str, dict], Dict[str, List[dict]]]:
+    """(found, stale): per spec key, its record if present, and the stale records of the same request.
+
+    A spec without checkpoint identity (files absent here) matches on every other field. A record is
+    a stale candidate for a spec when it has the same model, bench, n, seed and requested chain but
+    another key.
+    """
+    specs = list(specs)
+    by_key = {r["run_id"]: r for r in records.values()}
+    found: Dict[str, dict] = {}
+    stale: Dict[str, List[dict]] = {}
+    for sp in specs:
+        rec = by_key.get(sp.key())
+        if rec is None and sp.ckpt is None:
+            loose = sp.key(("ckpt",))
+            rec = next((r for r in records.values() if RunSpec.from_dict(r["spec"]).key(("ckpt",)) == loose), None)
+        if rec is not None:
+            found[sp.key()] = rec
+            continue
+        req = (sp.requested or {}).get("methods")
+        for r in records.values():
+            s = r["spec"]
+            if (s["model"], s["bench"], s["n"], s["seed"], s["world"]) == (sp.model, sp.bench, sp.n, sp.seed, sp.world) \
+                    and (s.get("requested") or {}).get("methods", s["methods"]) == req:
+                stale.setdefault(sp.key(), []).append(r)
+    return found, stale

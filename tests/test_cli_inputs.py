@@ -1,0 +1,122 @@
+"""Bad input and faults, as a new user meets them: each is one clear line (exit 2), found before any
+work starts, and nothing is lost."""
+import json
+import os
+import stat
+
+import pytest
+
+from bench import cli
+from bench.cli import main
+from bench.tiny.assets import ASSETS
+
+HAVE_TINY = (ASSETS / "tiny_var.safetensors").is_file()
+
+
+def err_of(capsys, argv, code=2):
+    try:
+        rc = main(argv)
+    except SystemExit as e:          # argparse rejects the value itself
+        rc = e.code
+    assert rc == code, capsys.readouterr()
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--top-k", "-1"], "--top-k -1 is out of range [0,"),
+    (["--top-p", "1.5"], "--top-p 1.5 is out of range [0.0, 1.0]"),
+    (["--cfg", "-2"], "--cfg -2.0 is out of range"),
+    (["--cfg", "nan"], "--cfg must be a finite float"),
+    (["--n", "0"], "--n 0: shapes-c2i needs a positive multiple of its 12 classes"),
+    (["--n", "13"], "positive multiple of its 12 classes"),
+    (["--method", "+"], "empty method in chain"),
+    (["--method", ""], "empty method in chain"),
+    (["--method", "magnitude:sparsity=nan"], "not a finite float"),
+    (["--method", "magnitude:sparsity=1.5"], "out of range [0.0, 0.9]"),
+    (["--method", "magnitud"], "did you mean 'magnitude'"),
+    (["--method", "magnitude:sparsty=0.4"], "did you mean 'sparsity'"),
+])
+@pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
+def test_run_arguments_are_checked_before_any_work(capsys, tmp_path, argv, msg):
+    err = err_of(capsys, ["run", "--model", "tiny-var", "--results", str(tmp_path), *argv])
+    assert msg in err and "Traceback" not in err
+    assert not any(tmp_path.iterdir())   # nothing was run or written
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2 ** 63), "abc"])
+def test_seeds_out_of_range_name_the_range(capsys, seed):
+    err = err_of(capsys, ["run", "--model", "tiny-var", "--seed", seed])
+    assert "--seed" in err and ("2^32 - 1" in err or "invalid" in err)
+
+
+@pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
+def test_table_n_zero_and_bad_formats(capsys, tmp_path):
+    assert "positive multiple" in err_of(capsys, ["table", "evar-table2", "--n", "0", "--no-run", "--results", str(tmp_path)])
+    err = err_of(capsys, ["table", "evar-table2", "--format", "md,pdf", "--no-run", "--results", str(tmp_path)])
+    assert "unknown format(s) ['pdf']" in err
+
+
+@pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
+def test_results_and_output_folders_that_cannot_be_used(capsys, tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert "is a file" in err_of(capsys, ["table", "evar-table2", "--results", str(a_file), "--no-run"])
+    assert "is a file" in err_of(capsys, ["table", "evar-table2", "--out", str(a_file), "--no-run",
+                                          "--results", str(tmp_path)])
+    assert "does not exist" in err_of(capsys, ["table", "evar-table2", "--no-run", "--results", str(tmp_path / "typo")])
+    assert "is a file" in err_of(capsys, ["run", "--model", "tiny-var", "--n", "12", "--results", str(a_file)])
+    if os.geteuid() != 0:   # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
+        assert "not writable" in err_of(capsys, ["run", "--model", "tiny-var", "--n", "12", "--results", str(ro)])
+
+
+def test_paper_world_lists_every_missing_checkpoint(capsys, tmp_path):
+    err = err_of(capsys, ["run", "--model", "var-d16", "--ckpt-dir", str(tmp_path)])
+    assert "2 checkpoint file(s) not found" in err and "var_d16.pth" in err and "vae_ch160v4096z32.pth" in err
+    assert "huggingface.co/FoundationVision/var" in err and "never downloads" in err
+
+
+def test_paper_world_checks_inception_weights_before_sampling(capsys, tmp_path, monkeypatch):
+    for f in ("var_d16.pth", "vae_ch160v4096z32.pth"):
+        (tmp_path / f).write_bytes(b"not loaded: the Inception check comes first")
+    monkeypatch.setenv("VARBENCH_INCEPTION_WEIGHTS", str(tmp_path / "no-inception.pth"))
+    monkeypatch.setenv("VARBENCH_DATA_DIR", str(tmp_path))
+    err = err_of(capsys, ["run", "--model", "var-d16", "--ckpt-dir", str(tmp_path), "--results", str(tmp_path / "r")])
+    assert "weights-inception-2015-12-05" in err and "not a readable checkpoint" not in err
+
+
+def test_info_method_typo_gets_the_right_advice(capsys):
+    assert "did you mean 'magnitude'" in err_of(capsys, ["info", "tiny-var", "--method", "magnitud"])
+    assert "did you mean 'sparsity'" in err_of(capsys, ["info", "tiny-var", "--method", "magnitude:sparsty=0.4"])
+
+
+def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "_cmd_list", interrupted)
+    err = err_of(capsys, ["list", "models"], code=130)
+    assert err.count("\n") == 1 and "interrupted" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
+def test_force_does_not_overwrite_a_record_of_a_newer_schema(capsys, tmp_path):
+    from bench.plan import make_spec
+    spec = make_spec("tiny-var", [], n=12)
+    path = spec.path(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"schema": 99, "run_id": spec.key()}))
+    err = err_of(capsys, ["run", "--model", "tiny-var", "--n", "12", "--results", str(tmp_path), "--force"])
+    assert "schema-99 record" in err and "not overwriting" in err
+    assert json.loads(path.read_text())["schema"] == 99
+
+
+def test_two_token_methods_in_one_chain_are_a_clear_error(monkeypatch):
+    from bench.registry import METHODS
+    from bench.spec import SpecError, resolve_chain
+    for name in ("toka", "tokb"):
+        monkeypatch.setitem(METHODS._meta, name, {"name": name, "kind": "tokens", "version": 1, "params": {}})
+    assert resolve_chain(["toka", "magnitude"]) == ("toka", "magnitude:norm=l2,scope=coupled,sparsity=0.4")
+    with pytest.raises(SpecError, match="one token-policy slot"):
+        resolve_chain(["toka", "tokb"])
