@@ -295,6 +295,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return train_main(argv[1:])
         args = build_parser().parse_args(argv)
         return _dispatch(args)
+    except BrokenPipeError:   # `varbench ... | head`: the reader left; not an error of ours
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("varbench: interrupted; nothing partial was written (records and tables are written atomically, "
               "finished runs are kept)", file=sys.stderr)

@@ -21,6 +21,7 @@ Spec format
       ft40: ["{method}:sparsity=0.4", "ft:epochs=1"] # setting's ("evar:calib=first" +
                                                      # "{method}:sparsity=0.4" ->
                                                      # "evar:calib=first,sparsity=0.4")
+    reference_row: Dense          # optional: the row relative columns compare against
     groups:                       # column groups; each is one setting, i.e. one run per row
       - label: "40% sparse (training-free)"          # optional: spanning header (LaTeX)
         short: "40% TF"                              # optional: prefix of Markdown headers
@@ -32,6 +33,7 @@ Spec format
             header: FID           # optional: default from the metric name
             scale: 1.0e-6         # optional: multiply ours (e.g. params -> millions)
             better: lower         # optional: lower | higher | none; default from the metric
+            relative: speedup     # optional: speedup (ref/ours) | ratio (ours/ref) | delta (ours-ref)
 
     info_columns:                 # optional: static text per row (from the row's `info`)
       - {id: note, header: Note, position: after}    # position: before (default) | after
@@ -49,18 +51,22 @@ Spec format
 
 Runs and records
 ----------------
-``TableSpec.runs(world, n, seed, sampling)`` lists the runs a table needs: one per (row, setting),
-deduplicated, skipping paper-only rows and rows without a model in that world. ``render`` looks
-each cell's record up by (model, bench, method chain); if several records match (other n, seed or
-sampling) and ``render`` was not told which, it shows the one with the largest n, then the newest,
-and says so in a footnote. Footnotes also carry each row's ``note``, the reason a row was not
-computed (``row_notes``) and every record's ``notes`` (deviations of the method from the paper).
-The ``.json`` output is ``build_table``'s dict: per row its status (run / paper-only / no-model),
-footnote marks and, per column id, ``{ours, stderr, paper, text, tex, run_id, methods}``.
+``bench.plan.table_cells(spec, world, n, seed, sampling)`` gives every (row, column group) its exact
+run spec (resolved chain, versions, checkpoint identity, protocol), or the reason it has none
+(paper-only row, no model in this world, method not implemented yet). A cell shows the record whose
+key equals its spec's key, nothing else; a stale record of the same request (older method version
+or defaults, other checkpoint) is not shown, and a footnote says why. Footnotes also carry each
+row's ``note``, ``row_notes`` and every record's ``notes`` (deviations of the method from the paper).
 
-API: ``load_spec(name) -> TableSpec``; ``TableSpec.runs(world, n=None, seed=0, sampling=None)``;
-``render(spec, world, records, row_notes=None, out_dir=None, ...) -> {"md", "tex", "json"}``;
-``render_all(world, root="results", out_dir=None, names=None)``.
+Relative columns (``relative: speedup | ratio | delta``) are computed from the same metric in the
+``reference_row`` (default: the first row with ``methods: []``) of the same column group; their
+error bars are not propagated. The ``.json`` output is ``build_table``'s dict: per row its status
+(run / paper-only / no-model), footnote marks and, per column id, ``{ours, stderr, paper, text,
+tex, run_id, methods}``.
+
+API: ``load_spec(name) -> TableSpec``; ``render(spec, world, cells, found, stale=None, row_notes=None,
+out_dir=None, formats=..., force=False) -> {"md", "tex", "json"}``; ``render_from_records(name,
+world, root=None, ...)`` (reads the results tree; no torch).
 """
 from __future__ import annotations
 

@@ -83,3 +83,152 @@ def test_ft_lowers_the_training_loss(small_gen):
         after = small_gen.loss(labels, tokens).item()
     assert after < before * 0.7
     assert not small_gen.var.training
+
+
+# --- the returned model of a chain, order of application, and the magnitude variants -----------------
+
+def _gen_with(num_heads=8, seed=1, **kw):
+    from bench.models.generator import Generator
+    from bench.models.var import VAR
+    from bench.models.vqvae import VQVAE
+    from tests.conftest import SMALL_VAE, SMALL_VAR, randomize_
+    torch.manual_seed(0)
+    var = randomize_(VAR(SMALL_VAR.replace(num_heads=num_heads, **kw)), seed)
+    return Generator(var, randomize_(VQVAE(SMALL_VAE), 2), name="small").eval()
+
+
+def _unit_vectors(block, kind):
+    """[units, D]: every weight removed with each head (its q, k, v rows of ``mat_qkv`` in [q|k|v]
+    layout, its ``proj`` columns, biases and temperature) or each FFN channel (fc1 row + bias, fc2 column)."""
+    with torch.no_grad():
+        if kind == "channel":
+            ffn = block.ffn
+            return torch.cat((ffn.fc1.weight, ffn.fc1.bias[:, None], ffn.fc2.weight.T), dim=1)
+        attn = block.attn
+        H, c, C = attn.H, attn.c, attn.proj.weight.shape[0]
+        qkv = attn.mat_qkv.weight.view(3, H, c, -1).transpose(0, 1).reshape(H, -1)
+        proj = attn.proj.weight.view(C, H, c).transpose(0, 1).reshape(H, -1)
+        return torch.cat((qkv, proj, attn.q_bias.view(H, c), attn.v_bias.view(H, c),
+                          attn.scale_mul_1H11.view(H, 1)), dim=1)
+
+
+def _kept(dense_block, pruned_block, kind):
+    """Indices of the dense block's units that the pruned block holds, in order."""
+    same = (_unit_vectors(pruned_block, kind)[:, None] == _unit_vectors(dense_block, kind)[None]).all(-1)
+    assert (same.sum(1) == 1).all(), f"a pruned {kind} matches no dense one, or several"
+    return same.int().argmax(1).tolist()
+
+
+@pytest.mark.parametrize("first,second,heads", [(0.1, 0.2, 6), (0.2, 0.1, 5)])
+def test_chain_applies_left_to_right_and_returns_the_pruned_model(first, second, heads):
+    """8 heads, 512 FFN channels: 0.1 then 0.2 keeps 8→7→6 heads, 0.2 then 0.1 keeps 8→6→5
+    (n_keep rounds at each step); FFN 512→461→369 and 512→410→369. The chain's model equals the
+    methods applied by hand, and keeps the top heads/channels of the dense magnitude scores."""
+    import copy
+
+    from methods.magnitude import Magnitude
+    gen = _gen_with(num_heads=8)
+    dense = copy.deepcopy(gen)
+    labels = torch.tensor([0, 3])
+    tokens, _ = gen.sample_tokens(labels, seed=0)
+    by_hand = copy.deepcopy(gen)
+    for s in (first, second):
+        by_hand = build_method(f"magnitude:sparsity={s}").apply(by_hand, Context())
+    out = apply_chain(gen, [f"magnitude:sparsity={first}", f"magnitude:sparsity={second}"], Context())
+    assert out.var.cfg.heads == (heads, heads) and out.var.cfg.ffn_hidden == (369, 369)
+    for b in out.var.blocks:
+        assert b.attn.H == heads and b.attn.mat_qkv.weight.shape == (3 * heads * 16, 128)
+        assert b.attn.proj.weight.shape == (128, heads * 16) and b.attn.scale_mul_1H11.shape == (1, heads, 1, 1)
+        assert b.ffn.fc1.weight.shape == (369, 128) and b.ffn.fc2.weight.shape == (128, 369)
+    with torch.no_grad():
+        logits = out.forward_teacher(labels, tokens)
+        assert torch.equal(logits, by_hand.forward_teacher(labels, tokens))
+        assert not torch.allclose(logits, dense.forward_teacher(labels, tokens), atol=1e-3)
+    head_scores, channel_scores = Magnitude(sparsity=first).scores(dense)
+    for i, (d, p) in enumerate(zip(dense.var.blocks, out.var.blocks)):
+        assert _kept(d, p, "head") == sorted(head_scores[i].topk(heads).indices.tolist())
+        assert _kept(d, p, "channel") == sorted(channel_scores[i].topk(369).indices.tolist())
+
+
+def test_chain_continues_with_the_model_each_method_returns(monkeypatch):
+    """A method may return a new generator: the next method and the caller must get that one, not
+    the (here deliberately spoiled) input."""
+    import copy
+
+    import bench.method as bm
+    real_build = bm.build_method
+
+    class Copying:
+        def __init__(self, spec):
+            self.inner = real_build(spec)
+            self.name, self.deviations = self.inner.name, self.inner.deviations
+
+        def apply(self, gen, ctx):
+            new = self.inner.apply(copy.deepcopy(gen), ctx)
+            with torch.no_grad():
+                for p in gen.var.parameters():
+                    p.fill_(float("nan"))
+            return new
+
+    gen = _gen_with(num_heads=8)
+    labels = torch.tensor([1, 4])
+    tokens, _ = gen.sample_tokens(labels, seed=0)
+    by_hand = copy.deepcopy(gen)
+    for s in ("magnitude:sparsity=0.1", "magnitude:sparsity=0.2"):
+        by_hand = real_build(s).apply(by_hand, Context())
+    monkeypatch.setattr(bm, "build_method", Copying)
+    out = bm.apply_chain(gen, ["magnitude:sparsity=0.1", "magnitude:sparsity=0.2"], Context())
+    assert out is not gen and out.var.cfg.heads == (6, 6)
+    with torch.no_grad():
+        assert torch.equal(out.forward_teacher(labels, tokens), by_hand.forward_teacher(labels, tokens))
+
+
+def _hand_built_gen():
+    """4 heads and 4 FFN channels per block, all weights zero except, for unit u of block b (role
+    r = (u − b) mod 4):
+      r=0: one output weight (proj column / fc2 column) of 3.0        L1 3,   L2² 9
+      r=1: 100 output weights of 0.1                                  L1 10,  L2² 1
+      r=2: one input weight (v row of mat_qkv / fc1 row) of 5.0       L1 5,   L2² 25
+      r=3: 128 input weights (a k row / an fc1 row) of 0.2            L1 25.6, L2² 5.12
+    so out-L1 keeps r=1, out-L2 keeps r=0, coupled-L1 keeps r=3, coupled-L2 keeps r=2.
+    Biases and the per-head temperature differ per unit so that each kept unit is identifiable."""
+    gen = _gen_with(num_heads=4, mlp_ratio=4 / 128)
+    with torch.no_grad():
+        for b, blk in enumerate(gen.var.blocks):
+            attn, ffn = blk.attn, blk.ffn
+            c, HC = attn.c, attn.H * attn.c
+            for w in (attn.mat_qkv.weight, attn.proj.weight, ffn.fc1.weight, ffn.fc2.weight):
+                w.zero_()
+            attn.q_bias.copy_(torch.arange(HC) * 0.01)
+            attn.v_bias.copy_(-torch.arange(HC) * 0.01)
+            attn.scale_mul_1H11.copy_(torch.arange(4.0).view(1, 4, 1, 1))
+            ffn.fc1.bias.copy_(torch.arange(4.0))
+            for u in range(4):
+                r = (u - b) % 4
+                if r == 0:
+                    attn.proj.weight[7, u * c + 3] = 3.0
+                    ffn.fc2.weight[7, u] = 3.0
+                elif r == 1:
+                    attn.proj.weight[:100, u * c + 1] = 0.1
+                    ffn.fc2.weight[:100, u] = 0.1
+                elif r == 2:
+                    attn.mat_qkv.weight[2 * HC + u * c + 5, 11] = 5.0   # a v row
+                    ffn.fc1.weight[u, 11] = 5.0
+                else:
+                    attn.mat_qkv.weight[HC + u * c + 2, :] = 0.2          # a k row
+                    ffn.fc1.weight[u, :] = 0.2
+    return gen
+
+
+@pytest.mark.parametrize("norm,scope,role", [("l1", "out", 1), ("l2", "out", 0), ("l1", "coupled", 3),
+                                             ("l2", "coupled", 2)])
+def test_magnitude_norm_and_scope_choose_different_units(norm, scope, role):
+    import copy
+    gen = _hand_built_gen()
+    dense = copy.deepcopy(gen)
+    pruned = build_method(f"magnitude:sparsity=0.75,norm={norm},scope={scope}").apply(gen, Context())
+    assert pruned.var.cfg.heads == (1, 1) and pruned.var.cfg.ffn_hidden == (1, 1)
+    for b, (d, p) in enumerate(zip(dense.var.blocks, pruned.var.blocks)):
+        expected = (role + b) % 4   # the unit of block b that has this role
+        assert _kept(d, p, "head") == [expected], (norm, scope, b)
+        assert _kept(d, p, "channel") == [expected], (norm, scope, b)

@@ -63,6 +63,9 @@ def test_save_load_roundtrip(tmp_path, cnn_path):
     ref = _random_cnn(tmp_path / "again.safetensors")
     x = _images(4)
     torch.testing.assert_close(net.logits(x), ref.logits(x))
+    other = _random_cnn(tmp_path / "other.safetensors", seed=1)   # another seed, another network
+    assert not torch.allclose(F.load_feature_cnn(tmp_path / "other.safetensors").logits(x), net.logits(x), atol=1e-3)
+    torch.testing.assert_close(F.load_feature_cnn(tmp_path / "other.safetensors").logits(x), other.logits(x))
 
 
 def test_extractor_registered_once_and_batch_size_independent(cnn_path):
@@ -104,6 +107,10 @@ def test_train_feature_cnn_learns_and_is_deterministic():
     assert hist == hist2 and len(hist) == 8 and set(hist[0]) == {"epoch", "loss", "train_acc", "val_acc"}
     assert hist[-1]["loss"] < hist[0]["loss"] and hist[-1]["train_acc"] == 1.0
     assert F.accuracy(model, images, labels) == hist[-1]["val_acc"] == 1.0
+    # another seed: another initialisation and data order, hence another loss curve
+    _, hist6 = F.train_feature_cnn(images, labels, num_classes=3, epochs=8, batch_size=16, lr=1e-2, seed=6,
+                                   progress=False, width=4, augment=True, val_images=images, val_labels=labels)
+    assert [h["loss"] for h in hist6] != [h["loss"] for h in hist]
 
 
 # --- metric maths against independent references ------------------------------------------------------
@@ -278,3 +285,147 @@ def test_missing_adm_reference_error(tmp_path, monkeypatch):
     monkeypatch.delenv("VARBENCH_DATA_DIR")
     with pytest.raises(FileNotFoundError, match="VARBENCH_DATA_DIR is not set"):
         paper.read_adm_reference()
+
+
+# --- bootstrap, KID and the ADM protocol against independent computations ---------------------------
+
+def test_bootstrap_stderr_of_precision_is_the_binomial_stderr():
+    """Precision is a mean of per-sample 0/1 flags (generated sample inside some reference ball),
+    and the bootstrap resamples generated rows with the reference fixed, so its stderr must be
+    √(p̂(1−p̂)/n). 30 of 100 generated rows sit on reference points (flag 1), 70 far away (0)."""
+    rng = np.random.default_rng(0)
+    real = rng.standard_normal((30, 4))
+    fake = np.concatenate((real[rng.integers(0, 30, 30)], rng.standard_normal((70, 4)) + 50.0))
+    fake, real = torch.from_numpy(fake[rng.permutation(100)]), torch.from_numpy(real)
+
+    def precision(bootstrap, seed):
+        return fidelity.evaluate(fake, real, metrics=("precision",), bootstrap=bootstrap, seed=seed)["precision"]
+
+    out = precision(400, 3)
+    assert out["value"] == pytest.approx(0.3, abs=1e-6)
+    # B=400: the bootstrap estimate's own relative spread is ~1/√(2B) = 3.5%
+    assert out["stderr"] == pytest.approx(np.sqrt(0.3 * 0.7 / 100), rel=0.15)   # 0.0458
+    assert precision(20, 4) == precision(20, 4)
+    assert precision(20, 4)["stderr"] != pytest.approx(precision(20, 5)["stderr"], rel=1e-9)
+
+
+def _kid_numpy(f1, f2, subsets, size, seed):
+    """Unbiased MMD² with k(x, y) = (x·y/d + 1)³, averaged over the subsets that torch-fidelity draws
+    (``RandomState(seed)``: ``size`` rows of set 1, then of set 2, without replacement, per subset)."""
+    f1, f2 = np.asarray(f1, dtype=np.float64), np.asarray(f2, dtype=np.float64)
+    d, rs, vals = f1.shape[1], np.random.RandomState(seed), []
+    off = ~np.eye(size, dtype=bool)
+    for _ in range(subsets):
+        x = f1[rs.choice(len(f1), size, replace=False)]
+        y = f2[rs.choice(len(f2), size, replace=False)]
+        kxx, kyy, kxy = ((a @ b.T / d + 1.0) ** 3 for a, b in ((x, x), (y, y), (x, y)))
+        vals.append(kxx[off].mean() + kyy[off].mean() - 2.0 * kxy.mean())
+    return float(np.mean(vals))
+
+
+def test_kid_matches_an_independent_mmd_over_the_same_subsets():
+    a, b = _feats(90, d=6, seed=11), _feats(70, d=6, seed=12, shift=0.4, scale=1.3)
+    ours = fidelity.kid_from_features(a, b, subsets=25, subset_size=40, seed=7)
+    assert ours > 0.05 and ours == pytest.approx(_kid_numpy(a, b, 25, 40, 7), rel=1e-9)
+    # evaluate() passes (generated, reference) in that order and its seed
+    ev = fidelity.evaluate(a, b, metrics=("kid",), bootstrap=0, seed=7, kid_subsets=25, kid_subset_size=40)
+    assert ev["kid"]["value"] == pytest.approx(ours, rel=1e-12)
+    # another seed draws other subsets
+    assert fidelity.kid_from_features(a, b, subsets=25, subset_size=40, seed=8) == pytest.approx(
+        _kid_numpy(a, b, 25, 40, 8), rel=1e-9)
+    assert fidelity.kid_from_features(a, b, subsets=25, subset_size=40, seed=8) != pytest.approx(ours, rel=1e-6)
+    # both sets exactly one subset big: one MMD² on the full sets
+    full = fidelity.kid_from_features(a[:50], b[:50], subsets=100, subset_size=1000)
+    assert full == pytest.approx(_kid_numpy(a[:50], b[:50], 1, 50, 0), rel=1e-9)
+
+
+def _stand_in_inception(monkeypatch, dim=64):
+    """torch-fidelity's ``inception-v3-compat`` extractor with a cheap deterministic network: it is
+    constructed and given its weights file as usual (the file is read; ``load_state_dict`` checks it
+    got that file's content), but ``forward`` is a fixed random projection of the pixels to
+    ``dim`` "pool3" features and a linear map of those to the 1008 ``logits_unbiased``. A real
+    Inception pass takes seconds per image on a CPU, and FID on 2048 dimensions seconds more; the
+    network itself is not what these tests check."""
+    import torch_fidelity.feature_extractor_inceptionv3 as inc
+
+    def load_state_dict(self, sd, *a, **k):
+        assert "marker" in sd
+
+    def forward(self, x_uint8):
+        assert x_uint8.dtype == torch.uint8
+        flat = x_uint8.flatten(1).double() / 255
+        g = torch.Generator().manual_seed(flat.shape[1])
+        proj = torch.randn(flat.shape[1], dim, generator=g, dtype=torch.float64) / flat.shape[1] ** 0.5
+        feats = torch.relu(flat @ proj).float()
+        logits = feats @ (torch.randn(dim, 1008, generator=g) * 2.0)
+        return tuple({"2048": feats, "logits_unbiased": logits}[f] for f in self.features_list)
+
+    monkeypatch.setattr(inc, "load_state_dict_from_url", lambda *a, **k: pytest.fail("tried to download"))
+    monkeypatch.setattr(inc.FeatureExtractorInceptionV3, "load_state_dict", load_state_dict)
+    monkeypatch.setattr(inc.FeatureExtractorInceptionV3, "forward", forward)
+
+
+def test_evaluate_adm_on_a_synthetic_reference(tmp_path, monkeypatch):
+    """ADM protocol on a synthetic npz: FID against the file's mu/sigma (here mu = 0, sigma = c·I,
+    unlike the statistics of its images), precision/recall (k=3) and KID against the features of
+    its images ``arr_0`` (NHWC on disk), IS on one chunk without shuffling. Every number is
+    recomputed independently from the features the (stand-in) network produced."""
+    D, c = 64, 1e-3
+    _stand_in_inception(monkeypatch, dim=D)
+    weights = tmp_path / paper.INCEPTION_WEIGHTS_FILENAME
+    torch.save({"marker": torch.ones(1)}, weights)
+    rng = np.random.default_rng(0)
+    arr_NHWC = rng.integers(0, 128, (10, 8, 8, 3), dtype=np.uint8)          # dark reference images
+    np.savez(tmp_path / paper.ADM_REFERENCE_FILENAME, arr_0=arr_NHWC, mu=np.zeros(D, np.float32),
+             sigma=(c * np.eye(D)).astype(np.float32))
+    # 6 generated images like the reference, 6 bright ones (outside the reference manifold)
+    fake_imgs = torch.cat((torch.from_numpy(rng.integers(0, 128, (6, 3, 8, 8), dtype=np.uint8)),
+                           torch.from_numpy(rng.integers(128, 256, (6, 3, 8, 8), dtype=np.uint8))))
+
+    seen = []
+    real_extract = fidelity.extract_features
+
+    def spy(images, *a, **k):
+        out = real_extract(images, *a, **k)
+        seen.append((images, out))
+        return out
+    monkeypatch.setattr(paper, "extract_features", spy)
+    monkeypatch.setattr(fidelity, "extract_features", spy)
+
+    res = paper.evaluate_adm(fake_imgs, tmp_path / paper.ADM_REFERENCE_FILENAME, weights_path=weights,
+                             bootstrap=0, device="cpu")
+    assert len(seen) == 2
+    (ref_imgs, ref_fs), (gen_imgs, gen_fs) = seen
+    assert torch.equal(ref_imgs, torch.from_numpy(arr_NHWC).permute(0, 3, 1, 2)) and torch.equal(gen_imgs, fake_imgs)
+    real, fake = ref_fs["features"].double(), gen_fs["features"].double()
+    n = len(fake)
+    assert real.shape == (10, D) and fake.shape == (12, D)
+
+    # FID with sigma_ref = c·I: tr√(Σ_f·cI) = √c·Σ singular values of the centred features / √(n−1)
+    s = np.linalg.svd((fake - fake.mean(0)).numpy(), compute_uv=False)
+    fid = float(fake.mean(0).square().sum()) + (s ** 2).sum() / (n - 1) + D * c - 2 * np.sqrt(c) * s.sum() / np.sqrt(n - 1)
+    assert res["fid"]["value"] == pytest.approx(fid, rel=1e-6)
+    assert res["fid"]["value"] != pytest.approx(fidelity.fid_from_features(fake, real), rel=1e-2)
+    p, r = _prc_brute_force(real, fake, k=3)
+    assert (res["precision"]["value"], res["recall"]["value"]) == pytest.approx((p, r), abs=1e-6)
+    assert 0 < p <= 0.5 and r > 0   # the bright half is outside the reference manifold
+    assert res["kid"]["value"] > 0.05
+    assert res["kid"]["value"] == pytest.approx(_kid_numpy(fake, real, 100, 10, 0), rel=1e-5)   # float32 kernels
+    probs = torch.softmax(gen_fs["logits"].double(), dim=1).numpy()
+    isc = np.exp(np.mean(np.sum(probs * (np.log(probs) - np.log(probs.mean(0))), axis=1)))
+    assert isc > 1.5 and res["is"]["value"] == pytest.approx(isc, rel=1e-5)
+    assert all(m["n"] == 12 and m["stderr"] is None for m in res.values())
+
+
+def test_evaluate_adm_protocol_settings(tmp_path, monkeypatch):
+    """IS on consecutive chunks of 5000 (no shuffle), KID subsets of 1000, P/R with k = 3, Inception."""
+    weights = tmp_path / paper.INCEPTION_WEIGHTS_FILENAME
+    weights.write_bytes(b"")
+    calls = []
+    monkeypatch.setattr(paper, "evaluate", lambda *a, **k: calls.append((a, k)) or {})
+    ref = {"features": torch.zeros(4, 2), "logits": None, "mu": np.zeros(2), "sigma": np.eye(2)}
+    paper.evaluate_adm(torch.zeros(10000, 3, 1, 1, dtype=torch.uint8), ref, weights_path=weights, seed=9)
+    (args, kw), = calls
+    assert args[1] is ref and args[4] == 9
+    assert kw["extractor"] == "inception-v3-compat" and kw["isc_splits"] == 2 and kw["isc_shuffle"] is False
+    assert kw["kid_subset_size"] == 1000 and kw["prc_neighborhood"] == 3 and kw["weights_path"] == weights

@@ -112,19 +112,16 @@ def save_feature_cnn(model: TinyShapesCNN, path: str | os.PathLike,
     """Write ``model`` to a safetensors file; ``num_classes`` and ``width`` go into its metadata.
 
     ``metadata`` adds string entries (e.g. the training recipe, class names as JSON). The file is
-    written next to its final name and moved into place, so a reader never sees half a file.
+    written atomically (``bench.io``), so a reader never sees half a file.
     """
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from bench.io import atomic_write_bytes
+
     meta = {str(k): str(v) for k, v in (metadata or {}).items()}
     meta.update(format=FORMAT_TAG, num_classes=str(model.num_classes), width=str(model.width))
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata=meta)
-    os.replace(tmp, path)
-    return path
+    return atomic_write_bytes(path, save(tensors, metadata=meta))
 
 
 def read_feature_cnn_metadata(path: str | os.PathLike) -> Dict[str, str]:
