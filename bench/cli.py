@@ -163,7 +163,7 @@ def _cmd_runs(args) -> int:
         rows.append({"run_id": rec["run_id"], "world": s["world"], "model": s["model"], "bench": s["bench"],
                      "methods": " + ".join(req) or "dense", "n": s["n"], "seed": s["seed"],
                      **{k: round(v["value"], 4) for k, v in rec["metrics"].items() if k in ("fid", "is", "class_acc")},
-                     "age": str((now - pd.Timestamp(rec["created"])).floor("min")),
+                     "age": _age((now - pd.Timestamp(rec["created"])).total_seconds()),
                      "stale": st.stale, "why": st.reason, "path": path})
     df = pd.DataFrame(rows)
     if args.stale or args.prune_stale:
@@ -190,6 +190,13 @@ def _cmd_runs(args) -> int:
             Path(p).unlink()
         print(f"deleted {len(df)} stale record(s)")
     return 0
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 def _seed(text: str) -> int:
