@@ -11,9 +11,12 @@ Used by records, rendered tables, the feature CNN and the training recipes. Torc
 """
 from __future__ import annotations
 
+import json
 import os
+import struct
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -56,6 +59,28 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     finally:
         os.close(dfd)
     return path
+
+
+def canonical_safetensors(data: bytes) -> bytes:
+    """The bytes of a safetensors file with its ``__metadata__`` keys sorted.
+
+    safetensors writes the metadata map in hash order, which changes from call to call once there is
+    more than one key, so equal weights could give files with different sha256 (and record keys
+    hash the files). Sorting the keys (same header length, same values) makes the bytes a function
+    of the tensors and metadata only. A header in an unexpected layout is returned unchanged, with a
+    warning.
+    """
+    n = struct.unpack("<Q", data[:8])[0]
+    raw = data[8:8 + n]
+    header = json.loads(raw)
+    meta = header.get("__metadata__")
+    if not meta or len(meta) < 2:
+        return data
+    if json.dumps(header, separators=(",", ":")).encode() != raw.rstrip(b" "):
+        warnings.warn("unexpected safetensors header layout; metadata order left as written", stacklevel=2)
+        return data
+    header = {"__metadata__": dict(sorted(meta.items())), **{k: v for k, v in header.items() if k != "__metadata__"}}
+    return data[:8] + json.dumps(header, separators=(",", ":")).encode().ljust(n, b" ") + data[8 + n:]
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

@@ -1,21 +1,108 @@
-"""The `make tiny-models` recipes run end to end (a few steps each) and write a complete manifest."""
+"""The `make tiny-models` recipes run end to end (a few steps each), write a complete manifest, pin
+their thread counts, and are reproducible bit for bit: a second run, started from another thread
+count, writes byte-identical checkpoints (and the same curves and held-out figures)."""
 import json
 
+import pytest
+import torch
+
+from bench.checkpoint import sha256
 from bench.recipes import tiny as train
 
+FILES = ("tiny_vqvae.safetensors", "feature_cnn.safetensors", "tiny_var.safetensors")
 
-def test_recipes_smoke(tmp_path, monkeypatch):
-    monkeypatch.setattr(train, "VAE_RECIPE", {**train.VAE_RECIPE, "steps": 3, "batch": 8, "pool": 256, "restart_every": 2})
-    monkeypatch.setattr(train, "VAR_RECIPE", {**train.VAR_RECIPE, "steps": 3, "batch": 8, "pool": 256, "warmup": 1})
-    monkeypatch.setattr(train, "CNN_RECIPE", {**train.CNN_RECIPE, "epochs": 1, "pool": 256})
-    train.run(tmp_path, progress=False, eval_per_class=4)
-    manifest = json.loads((tmp_path / "manifest.json").read_text())
+
+def test_recipe_thread_counts():
+    """The counts the shipped checkpoints reproduce with (see the manifest and bench/recipes/tiny.py)."""
+    assert train.VAE_RECIPE["threads"] == train.VAR_RECIPE["threads"] == 2
+    assert train.CNN_RECIPE["threads"] == 1
+
+
+@pytest.fixture
+def few_steps(monkeypatch):
+    # Every stage pinned to 1 thread here: on a shared 2-core machine, 2-thread OpenMP regions stall
+    # whenever another process holds a core. Run b, started from 2 threads, still proves the pinning.
+    monkeypatch.setattr(train, "VAE_RECIPE", {**train.VAE_RECIPE, "steps": 3, "batch": 8, "pool": 64, "restart_every": 2,
+                                              "threads": 1})
+    monkeypatch.setattr(train, "VAR_RECIPE", {**train.VAR_RECIPE, "steps": 3, "batch": 8, "pool": 64, "warmup": 1,
+                                              "threads": 1})
+    monkeypatch.setattr(train, "CNN_RECIPE", {**train.CNN_RECIPE, "epochs": 1, "pool": 64, "batch": 32})
+    monkeypatch.setattr(train, "EVAL_THREADS", 1)
+    monkeypatch.setattr(train, "VAE_VAL", 32)
+    monkeypatch.setattr(train, "CNN_VAL", 64)
+
+
+def _run(out, caller_threads: int, stages=train.STAGES) -> dict:
+    """A run of ``stages`` started from ``caller_threads``; returns the sha256 of each checkpoint."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(caller_threads)
+    try:
+        train.run(out, stages, progress=False, eval_per_class=2)
+        assert torch.get_num_threads() == caller_threads, "run() must restore the caller's thread count"
+    finally:
+        torch.set_num_threads(prev)
+    return {f: sha256(out / f) for f in FILES}
+
+
+def test_recipes_smoke_and_reproducible(tmp_path, few_steps):
+    a, b = tmp_path / "a", tmp_path / "b"
+    hashes = _run(a, caller_threads=1)
+    manifest = json.loads((a / "manifest.json").read_text())
     assert set(manifest["models"]) == {"tiny-vqvae", "feature-cnn", "tiny-var"}
-    for entry in manifest["models"].values():
-        assert len(entry["sha256"]) == 64 and (tmp_path / entry["file"]).stat().st_size == entry["bytes"]
-        assert entry["recipe"]["seed"] == 0 and entry["curve"]
+    recipes = {"tiny-vqvae": train.VAE_RECIPE, "feature-cnn": train.CNN_RECIPE, "tiny-var": train.VAR_RECIPE}
+    for name, entry in manifest["models"].items():
+        assert entry["sha256"] == hashes[entry["file"]] and (a / entry["file"]).stat().st_size == entry["bytes"]
+        assert entry["recipe"] == recipes[name] and entry["recipe"]["seed"] == 0 and entry["curve"]
+        assert entry["threads"] == recipes[name]["threads"], f"{name}: thread count not recorded"
+        assert entry["cpu_capability"], f"{name}: SIMD level not recorded"
     q = manifest["models"]["tiny-var"]["quality"]
-    assert {"class_acc", "precision", "recall", "fid", "bars"} <= set(q)
+    assert {"class_acc", "precision", "recall", "fid", "bars"} <= set(q) and q["threads"] == train.EVAL_THREADS
     assert "val_psnr_db" in manifest["models"]["tiny-vqvae"]["quality"]
     assert manifest["git_commit"]
-    assert not (tmp_path / "tiny_var.snapshot.safetensors").exists()
+    assert not (a / "tiny_var.snapshot.safetensors").exists()
+    assert not [p.name for p in a.iterdir() if p.name.startswith(".")], "temporary files left behind"
+
+    # The training stages again, from another caller thread count: the pinned recipes give the same bytes.
+    assert _run(b, caller_threads=2, stages=("vqvae", "cnn", "var")) == hashes
+    manifest_b = json.loads((b / "manifest.json").read_text())
+    strip = lambda e: {k: v for k, v in e.items() if k not in ("train_seconds", "quality")}  # noqa: E731
+    for name, entry in manifest["models"].items():
+        assert strip(manifest_b["models"][name]) == strip(entry), f"{name}: curves differ between runs"
+    for name in ("tiny-vqvae", "feature-cnn"):
+        assert manifest_b["models"][name]["quality"] == manifest["models"][name]["quality"]
+
+
+def test_pinned_threads_restores():
+    prev = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with train.pinned_threads(1) as n:
+            assert n == 1 == torch.get_num_threads()
+        assert torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError):
+            with train.pinned_threads(1):
+                raise RuntimeError("stage failed")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(prev)
+
+
+def test_canonical_safetensors_metadata_order(tmp_path):
+    """safetensors writes metadata in hash order; after canonicalising, equal contents give equal bytes."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save
+
+    from bench.io import atomic_write_bytes, canonical_safetensors
+
+    tensors = {"b": torch.arange(6.0).reshape(2, 3), "a": torch.ones(3, dtype=torch.int64)}
+    meta = {k: str(i) for i, k in enumerate("zyxwvutsrq")}
+    paths = [tmp_path / f"{i}.safetensors" for i in range(3)]
+    for p in paths:
+        atomic_write_bytes(p, canonical_safetensors(save(tensors, metadata=meta)))
+    assert len({sha256(p) for p in paths}) == 1
+    with safe_open(str(paths[0]), framework="pt") as f:
+        assert f.metadata() == meta
+    loaded = load_file(str(paths[0]))
+    assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
+    header = paths[0].read_bytes()[8:200].decode(errors="ignore")
+    assert header.startswith('{"__metadata__":{"q":"9","r":"8"')

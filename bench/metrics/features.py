@@ -112,16 +112,17 @@ def save_feature_cnn(model: TinyShapesCNN, path: str | os.PathLike,
     """Write ``model`` to a safetensors file; ``num_classes`` and ``width`` go into its metadata.
 
     ``metadata`` adds string entries (e.g. the training recipe, class names as JSON). The file is
-    written atomically (``bench.io``), so a reader never sees half a file.
+    written atomically with its metadata in a fixed order (``bench.io``): a reader never sees half a
+    file, and equal weights give equal bytes.
     """
     from safetensors.torch import save
 
-    from bench.io import atomic_write_bytes
+    from bench.io import atomic_write_bytes, canonical_safetensors
 
     meta = {str(k): str(v) for k, v in (metadata or {}).items()}
     meta.update(format=FORMAT_TAG, num_classes=str(model.num_classes), width=str(model.width))
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    return atomic_write_bytes(path, save(tensors, metadata=meta))
+    return atomic_write_bytes(path, canonical_safetensors(save(tensors, metadata=meta)))
 
 
 def read_feature_cnn_metadata(path: str | os.PathLike) -> Dict[str, str]:

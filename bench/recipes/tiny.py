@@ -12,15 +12,25 @@ manifest (sha256, recipe, seed, git commit, training curves, quality figures):
 3. ``tiny_var.safetensors`` — the VAR class in the tiny config, trained as VAR is: next-scale
    cross-entropy over the token pyramid with teacher forcing under the block-causal mask, class
    dropout 0.1 for CFG, AdamW, linear warm-up then cosine decay.
+
+Every recipe pins its intra-op thread count (``threads``): float reductions are split across
+threads, so a checkpoint is reproducible bit for bit only with the thread count it was trained
+with (and on the same SIMD level: AVX2 and AVX-512 kernels round differently). Each stage runs
+under its count, the caller's count is restored afterwards, and the stage's manifest entry records
+the count in effect (``threads``) and the SIMD level (``cpu_capability``). The VQVAE and tiny-var
+recipes run on 2 threads (the shipped checkpoints reproduce with 2), the feature CNN on 1 (its
+convolution gradients differ with every thread count on AVX-512; one thread is the count any
+machine can run as is).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import platform
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -28,14 +38,31 @@ from tqdm.auto import tqdm
 
 from bench.data import tinyshapes
 from bench.data.tokens import tokenize_images
+from bench.io import git_commit
 from bench.models.generator import Generator, to_uint8
 from bench.models.var import VAR
 from bench.models.vqvae import VQVAE
 from bench.tiny import configs
 
-VAE_RECIPE = dict(seed=0, steps=1500, batch=64, lr=2e-3, warmup=100, pool=16384, restart_every=100, l1=0.5)
-VAR_RECIPE = dict(seed=0, steps=3000, batch=64, lr=2e-3, wd=0.05, warmup=150, pool=24576)
-CNN_RECIPE = dict(seed=0, epochs=6, batch=128, lr=2e-3, pool=12288)
+# ``threads`` only selects the thread count a stage runs under (see ``pinned_threads``); the
+# training functions never read it.
+VAE_RECIPE = dict(seed=0, steps=1500, batch=64, lr=2e-3, warmup=100, pool=16384, restart_every=100, l1=0.5,
+                  threads=2)
+VAR_RECIPE = dict(seed=0, steps=3000, batch=64, lr=2e-3, wd=0.05, warmup=150, pool=24576, threads=2)
+CNN_RECIPE = dict(seed=0, epochs=6, batch=128, lr=2e-3, pool=12288, threads=1)
+EVAL_THREADS = 2  # the tiny-var quality measurement (sampling + metrics) runs under this count
+VAE_VAL, CNN_VAL = 512, 2048  # held-out ``val`` images for the VQVAE's PSNR and the CNN's accuracy
+
+
+@contextlib.contextmanager
+def pinned_threads(n: int) -> Iterator[int]:
+    """Run the body with exactly ``n`` intra-op threads; the previous count is restored after."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(int(n))
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(prev)
 
 
 def _lr(step: int, total: int, base: float, warmup: int) -> float:
@@ -61,7 +88,7 @@ def train_vqvae(recipe: Optional[dict] = None, progress: bool = True) -> (VQVAE,
     recipe = recipe or VAE_RECIPE
     torch.manual_seed(recipe["seed"])
     imgs, _ = tinyshapes.generate(recipe["pool"], "train")
-    val, _ = tinyshapes.generate(512, "val")
+    val, _ = tinyshapes.generate(VAE_VAL, "val")
     vae = VQVAE(configs.TINY_VAE).train()
     opt = torch.optim.AdamW(vae.parameters(), lr=recipe["lr"], betas=(0.9, 0.95), weight_decay=0.0)
     g = torch.Generator().manual_seed(recipe["seed"])
@@ -158,22 +185,18 @@ def init_var_weights(var: VAR, init_adaln: float = 0.5, init_adaln_gamma: float 
 
 
 def save_safetensors(module: torch.nn.Module, path: Path, config: dict) -> None:
-    from safetensors.torch import save_file
+    """Written atomically (``bench.io``): a reader never sees half a file."""
+    from safetensors.torch import save
+
+    from bench.io import atomic_write_bytes, canonical_safetensors
     sd = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
-    save_file(sd, str(path), metadata={"config": json.dumps(config)})
-
-
-def git_commit() -> str:
-    import subprocess
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
-    except Exception:
-        return "unknown"
+    atomic_write_bytes(path, canonical_safetensors(save(sd, metadata={"config": json.dumps(config)})))
 
 
 def write_manifest(out: Path, entries: Dict[str, dict]) -> None:
+    """Merge ``entries`` (with each file's sha256 and size) into ``out/manifest.json``, atomically."""
     from bench.checkpoint import sha256
+    from bench.io import atomic_write_text
     manifest_path = out / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"models": {}}
     for name, e in entries.items():
@@ -182,9 +205,7 @@ def write_manifest(out: Path, entries: Dict[str, dict]) -> None:
         manifest["models"][name] = e
     manifest.update(git_commit=git_commit(), torch=torch.__version__, python=platform.python_version(),
                     created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    tmp = manifest_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    tmp.replace(manifest_path)
+    atomic_write_text(manifest_path, json.dumps(manifest, indent=1) + "\n")
 
 
 STAGES = ("vqvae", "cnn", "var", "eval")
@@ -195,45 +216,60 @@ def load_tiny_vae(out: Path) -> VQVAE:
     return load_vae(out / "tiny_vqvae.safetensors", configs.TINY_VAE)
 
 
+def _numerics(threads: int) -> dict:
+    """What besides the recipe decides a checkpoint's bits on CPU: the thread count and the SIMD level."""
+    return {"threads": threads, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def run(out: Path, stages=STAGES, progress: bool = True, eval_per_class: int = 50) -> None:
-    """Train the requested stages in order; each stage saves its checkpoint and manifest entry."""
+    """Train the requested stages in order; each stage saves its checkpoint and manifest entry.
+
+    Each stage runs under its recipe's thread count (``pinned_threads``), recorded as ``threads``."""
     out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     if "vqvae" in stages:
-        t0 = time.time()
-        vae, info = train_vqvae(progress=progress)
-        save_safetensors(vae, out / "tiny_vqvae.safetensors", configs.TINY_VAE.to_dict())
-        write_manifest(out, {"tiny-vqvae": {"file": "tiny_vqvae.safetensors", "recipe": VAE_RECIPE,
-                                            "config": configs.TINY_VAE.to_dict(), "train_seconds": round(time.time() - t0),
-                                            "quality": {"val_psnr_db": info["val_psnr_db"]}, "curve": info["curve"]}})
+        recipe = VAE_RECIPE
+        with pinned_threads(recipe["threads"]) as threads:
+            t0 = time.time()
+            vae, info = train_vqvae(recipe, progress=progress)
+            save_safetensors(vae, out / "tiny_vqvae.safetensors", configs.TINY_VAE.to_dict())
+            write_manifest(out, {"tiny-vqvae": {"file": "tiny_vqvae.safetensors", "recipe": recipe, **_numerics(threads),
+                                                "config": configs.TINY_VAE.to_dict(),
+                                                "train_seconds": round(time.time() - t0),
+                                                "quality": {"val_psnr_db": info["val_psnr_db"]}, "curve": info["curve"]}})
         print(f"tiny VQVAE: val PSNR {info['val_psnr_db']:.2f} dB")
     if "cnn" in stages:
         from bench.metrics.features import save_feature_cnn, train_feature_cnn
-        t0 = time.time()
-        imgs, labels = tinyshapes.generate(CNN_RECIPE["pool"], "train")
-        model, hist = train_feature_cnn(imgs, labels, num_classes=tinyshapes.NUM_CLASSES, epochs=CNN_RECIPE["epochs"],
-                                        batch_size=CNN_RECIPE["batch"], lr=CNN_RECIPE["lr"], seed=CNN_RECIPE["seed"],
-                                        progress=progress)
-        vimgs, vlabels = tinyshapes.generate(2048, "val")
-        with torch.no_grad():
-            acc = (model.eval().logits(vimgs).argmax(1) == vlabels).float().mean().item()
-        save_feature_cnn(model, out / "feature_cnn.safetensors")
-        write_manifest(out, {"feature-cnn": {"file": "feature_cnn.safetensors", "recipe": CNN_RECIPE,
-                                             "train_seconds": round(time.time() - t0),
-                                             "quality": {"val_accuracy": round(acc, 4)}, "curve": hist}})
+        recipe = CNN_RECIPE
+        with pinned_threads(recipe["threads"]) as threads:
+            t0 = time.time()
+            imgs, labels = tinyshapes.generate(recipe["pool"], "train")
+            model, hist = train_feature_cnn(imgs, labels, num_classes=tinyshapes.NUM_CLASSES, epochs=recipe["epochs"],
+                                            batch_size=recipe["batch"], lr=recipe["lr"], seed=recipe["seed"],
+                                            progress=progress)
+            vimgs, vlabels = tinyshapes.generate(CNN_VAL, "val")
+            with torch.no_grad():
+                acc = (model.eval().logits(vimgs).argmax(1) == vlabels).float().mean().item()
+            save_feature_cnn(model, out / "feature_cnn.safetensors")
+            write_manifest(out, {"feature-cnn": {"file": "feature_cnn.safetensors", "recipe": recipe, **_numerics(threads),
+                                                 "train_seconds": round(time.time() - t0),
+                                                 "quality": {"val_accuracy": round(acc, 4)}, "curve": hist}})
         print(f"feature CNN: held-out accuracy {acc:.4f}")
     if "var" in stages:
-        t0 = time.time()
-        vae = load_tiny_vae(out)
-        var, info = train_var(vae, progress=progress, snapshot=out / "tiny_var.snapshot.safetensors")
-        (out / "tiny_var.snapshot.safetensors").unlink(missing_ok=True)
-        save_safetensors(var, out / "tiny_var.safetensors", configs.TINY_VAR.to_dict())
-        write_manifest(out, {"tiny-var": {"file": "tiny_var.safetensors", "recipe": VAR_RECIPE,
-                                          "config": configs.TINY_VAR.to_dict(), "train_seconds": round(time.time() - t0),
-                                          "curve": info["curve"]}})
+        recipe = VAR_RECIPE
+        with pinned_threads(recipe["threads"]) as threads:
+            t0 = time.time()
+            vae = load_tiny_vae(out)
+            var, info = train_var(vae, recipe, progress=progress, snapshot=out / "tiny_var.snapshot.safetensors")
+            (out / "tiny_var.snapshot.safetensors").unlink(missing_ok=True)
+            save_safetensors(var, out / "tiny_var.safetensors", configs.TINY_VAR.to_dict())
+            write_manifest(out, {"tiny-var": {"file": "tiny_var.safetensors", "recipe": recipe, **_numerics(threads),
+                                              "config": configs.TINY_VAR.to_dict(),
+                                              "train_seconds": round(time.time() - t0), "curve": info["curve"]}})
     if "eval" in stages:
         from bench.recipes.tiny_quality import measure_tiny_var
-        q = measure_tiny_var(out, per_class=eval_per_class, progress=progress)
+        with pinned_threads(EVAL_THREADS) as threads:
+            q = measure_tiny_var(out, per_class=eval_per_class, progress=progress)
+        q["threads"] = threads
         manifest = json.loads((out / "manifest.json").read_text())
         entry = manifest["models"]["tiny-var"]
         entry["quality"] = q
