@@ -80,13 +80,12 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from bench.defaults import WORLDS
-from bench.io import atomic_write_text, git_commit, git_dirty  # noqa: F401  (re-exported)
+from bench.io import atomic_write_text, git_commit, git_dirty
 from bench.resources import results_root
 from bench.spec import canonical_method
 
 SCHEMA_VERSION = 2
 
-DEFAULT_ROOT = "results"
 VERSIONED_PACKAGES = ("torch", "torch-fidelity", "numpy")
 
 _KEY_FIELDS = ("world", "model", "ckpt", "methods", "method_versions", "bench", "protocol", "n", "seed", "sampling")

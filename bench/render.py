@@ -80,6 +80,7 @@ import jinja2
 import yaml
 
 from bench.io import atomic_write_text, git_commit
+from bench.plan import staleness
 from bench.registry import METRICS, TABLES
 from bench.resources import resource_dir, tables_out_dir
 from bench.spec import SpecError, format_method, parse_chain, parse_method
@@ -469,7 +470,6 @@ def build_table(spec: TableSpec, world: str, cells: Sequence[Any], found: Mappin
             if cell is not None and cell.spec is not None:
                 rec = found.get(cell.spec.key())
                 for old in stale.get(cell.spec.key(), ()) if rec is None else ():
-                    from bench.plan import staleness
                     why = staleness(old).reason or "its key differs"
                     marks.append(notes.mark(f"not shown: a stale record of {cell.spec.label()} ({why}); "
                                             f"rerun with `varbench table {spec.name}`"))
