@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 WORLD   ?= tiny
 
-.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard figures tiny-models clean
+.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard figures tiny-models mutation clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,24 @@ leaderboard figures: setup
 
 tiny-models: setup
 	$(BIN)/varbench train-tiny --out assets/tiny
+
+# Mutation score of the model, pruning and method code. NOT part of `make test`: ~45 min on 2 CPUs.
+# 1) mutmut 3 mutates bench/models/{var,vqvae,generator,policy}.py, bench/prune.py, methods/*.py in a
+#    mutants/ copy ([tool.mutmut] in pyproject.toml: scope, fast test set, -x -q -p no:cacheprovider)
+#    and runs per mutant only the fast tests that reach the mutated function;
+# 2) mutmut skips decorated functions (the @torch.no_grad() sampling loop, keep_heads/keep_channels,
+#    Magnitude.scores): tests/mutation/run.py mutates those itself (AST edits, one fork per mutant);
+# 3) tests/mutation/run.py --recheck runs the slow tests left out of 1) on the survivors of the
+#    sampling, attention/AdaLN, quantiser and pruning code; --summary prints the per-file score
+#    (killed / total) and lists every mutant not killed. Results are cached in mutants/ (a rerun of
+#    1) resumes; `rm -rf mutants` starts over). Inspect one: `$(BIN)/mutmut show NAME`.
+MUTMUT_JOBS ?= 1
+mutation: setup
+	$(BIN)/python -m pip install --quiet -e '.[dev,mutation]'
+	$(BIN)/mutmut run --max-children $(MUTMUT_JOBS)
+	$(BIN)/python tests/mutation/run.py
+	$(BIN)/python tests/mutation/run.py --recheck
+	$(BIN)/python tests/mutation/run.py --summary
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

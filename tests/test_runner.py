@@ -34,9 +34,9 @@ def test_run_writes_a_record_and_reuses_it(tmp_path):
 
 
 def test_same_seed_same_metrics_other_seed_other_metrics(tmp_path):
-    a = run(make_spec("tiny-var", [], n=24, seed=3), root=tmp_path / "a", progress=False)
-    b = run(make_spec("tiny-var", [], n=24, seed=3), root=tmp_path / "b", progress=False)
-    c = run(make_spec("tiny-var", [], n=24, seed=4), root=tmp_path / "c", progress=False)
+    a = run(make_spec("tiny-var", [], n=12, seed=3), root=tmp_path / "a", progress=False)
+    b = run(make_spec("tiny-var", [], n=12, seed=3), root=tmp_path / "b", progress=False)
+    c = run(make_spec("tiny-var", [], n=12, seed=4), root=tmp_path / "c", progress=False)
     assert a["metrics"] == b["metrics"]
     assert a["metrics"]["fid"]["value"] != c["metrics"]["fid"]["value"]
 

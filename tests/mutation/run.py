@@ -1,0 +1,337 @@
+"""Mutation testing of the functions mutmut 3 cannot mutate (it skips every decorated function, and
+the sampling loop, the physical pruning and the magnitude scores are all ``@torch.no_grad()``).
+
+Each mutant is one AST edit of one target function (arithmetic/comparison/boolean operator swap,
+constant change, unary-operator removal, statement deletion). The parent imports torch and the code
+once; every mutant runs in a fork that swaps the function's ``__code__`` for the mutated one and runs
+the target's tests with pytest (``-x -q -p no:cacheprovider``): a failing run kills the mutant, a
+passing run means it survived, a run past the time limit is a timeout. One worker.
+
+    .venv/bin/python tests/mutation/run.py [--only SUBSTRING] [--list]
+    .venv/bin/python tests/mutation/run.py --summary   # per-file score of mutmut's run + this one
+
+Results go to mutants/decorated-results.json (mutants/ is mutmut's work folder, git-ignored).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import importlib
+import inspect
+import json
+import os
+import signal
+import sys
+import textwrap
+import time
+from functools import partial
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# (module, qualified name, tests that exercise it)
+SAMPLING_TESTS = ["tests/test_sampling.py", "tests/test_sampling_semantics.py"]
+PRUNE_TESTS = ["tests/test_methods.py", "tests/test_checkpoint.py",
+               "tests/test_sampling.py::test_pruning_policy_changes_only_the_pruned_scale"]
+TARGETS = [
+    ("bench.models.generator", "Generator.sample_tokens", SAMPLING_TESTS),
+    ("bench.models.generator", "Generator.generate", SAMPLING_TESTS),
+    ("bench.prune", "keep_heads", PRUNE_TESTS),
+    ("bench.prune", "keep_channels", PRUNE_TESTS),
+    ("methods.magnitude", "Magnitude.scores", ["tests/test_methods.py"]),
+]
+DESELECT = ["tests/test_methods.py::test_ft_lowers_the_training_loss"]
+
+SWAP_BIN = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
+            ast.FloorDiv: ast.Div, ast.Pow: ast.Mult, ast.Mod: ast.FloorDiv, ast.MatMult: ast.Mult}
+SWAP_CMP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
+            ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In}
+
+
+def _const_mutations(v):
+    if isinstance(v, bool):
+        return [not v]
+    if isinstance(v, int):
+        return [v + 1] if v != 1 else [2, 0]
+    if isinstance(v, float):
+        return [v + 1.0, 0.0] if v != 0 else [1.0]
+    if isinstance(v, str) and v:
+        return ["XX" + v + "XX"]
+    return []
+
+
+def _set_op(n, op):
+    n.op = op()
+
+
+def _set_cmp(n, j, op):
+    n.ops[j] = op()
+
+
+def mutants_of(fn_node: ast.FunctionDef):
+    """Yield (lineno, description, mutated function node)."""
+    body_nodes = [n for stmt in fn_node.body for n in ast.walk(stmt)]
+    # skip the docstring
+    if fn_node.body and isinstance(fn_node.body[0], ast.Expr) and isinstance(fn_node.body[0].value, ast.Constant):
+        doc = fn_node.body[0].value
+    else:
+        doc = None
+    for i, node in enumerate(body_nodes):
+        edits = []
+        if isinstance(node, ast.BinOp) and type(node.op) in SWAP_BIN:
+            new_op = SWAP_BIN[type(node.op)]
+            edits.append((f"{type(node.op).__name__} -> {new_op.__name__}", partial(_set_op, op=new_op)))
+        elif isinstance(node, ast.AugAssign) and type(node.op) in SWAP_BIN:
+            new_op = SWAP_BIN[type(node.op)]
+            edits.append((f"{type(node.op).__name__}= -> {new_op.__name__}=", partial(_set_op, op=new_op)))
+        elif isinstance(node, ast.Compare):
+            for j, op in enumerate(node.ops):
+                if type(op) in SWAP_CMP:
+                    new_op = SWAP_CMP[type(op)]
+                    edits.append((f"{type(op).__name__} -> {new_op.__name__}", partial(_set_cmp, j=j, op=new_op)))
+        elif isinstance(node, ast.BoolOp):
+            other = ast.Or if isinstance(node.op, ast.And) else ast.And
+            edits.append((f"{type(node.op).__name__} -> {other.__name__}", partial(_set_op, op=other)))
+        elif isinstance(node, ast.Constant) and node is not doc:
+            for new in _const_mutations(node.value):
+                edits.append((f"{node.value!r} -> {new!r}", lambda n, v=new: setattr(n, "value", v)))
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Not)):
+            edits.append((f"drop unary {type(node.op).__name__}", "unwrap"))
+        elif isinstance(node, ast.If):
+            edits.append(("if cond -> if not cond", lambda n: setattr(n, "test", ast.UnaryOp(ast.Not(), n.test))))
+        if isinstance(node, ast.stmt) and not isinstance(node, (ast.Return, ast.FunctionDef)) and \
+                not (isinstance(node, ast.Expr) and node.value is doc):
+            edits.append(("delete statement", "delete"))
+        for desc, edit in edits:
+            new_fn = copy.deepcopy(fn_node)
+            target = [n for stmt in new_fn.body for n in ast.walk(stmt)][i]
+            if edit == "unwrap" or edit == "delete":
+                _replace(new_fn, target, target.operand if edit == "unwrap" else ast.Pass())
+            else:
+                edit(target)
+            ast.fix_missing_locations(new_fn)
+            yield node.lineno, desc, new_fn
+
+
+def _replace(root, old, new):
+    for parent in ast.walk(root):
+        for field, value in ast.iter_fields(parent):
+            if isinstance(value, list):
+                for k, v in enumerate(value):
+                    if v is old:
+                        value[k] = new
+                        return
+            elif value is old:
+                setattr(parent, field, new)
+                return
+    raise RuntimeError("node not found")
+
+
+def resolve(module, qualname):
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return inspect.unwrap(obj)
+
+
+def run_tests(tests, fn=None, new_code=None, timeout=600.0):
+    """Fork; in the child swap the code and run pytest. Returns ('killed'|'survived'|'timeout'|'error', s)."""
+    t0 = time.time()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            if fn is not None:
+                fn.__code__ = new_code
+            import pytest
+            args = ["-x", "-q", "-p", "no:cacheprovider", *tests]
+            for d in DESELECT:
+                args += ["--deselect", d]
+            rc = pytest.main(args)
+        except BaseException:
+            rc = 99
+        os._exit(int(rc))
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            rc = os.waitstatus_to_exitcode(status)
+            return ("survived" if rc == 0 else "killed" if rc in (1, 99) or rc < 0 else f"error(rc={rc})",
+                    time.time() - t0)
+        if time.time() - t0 > timeout:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "timeout", time.time() - t0
+        time.sleep(0.05)
+
+
+RESULTS = os.path.join("mutants", "decorated-results.json")
+RECHECK = os.path.join("mutants", "recheck-results.json")
+# Second tier: the slow tests that [tool.mutmut] leaves out, run only on mutmut's survivors.
+SLOW_SAMPLING = ["tests/test_sampling.py::test_identity_policy_is_bit_identical_and_sees_every_sublayer",
+                 "tests/test_sampling.py::test_same_seed_same_images_different_seed_different",
+                 "tests/test_sampling.py::test_generated_images_decode_the_sampled_tokens"]
+SLOW_PRUNE = ["tests/test_checkpoint.py::test_pruned_model_loads_back_with_the_same_logits",
+              "tests/test_methods.py::test_chain_applies_left_to_right_and_returns_the_pruned_model",
+              "tests/test_registered.py"]
+RECHECK_SCOPE = [  # (mutant-name prefix, slow tests)
+    ("bench.models.generator.", SLOW_SAMPLING + ["tests/test_registered.py"]),
+    ("bench.models.policy.", SLOW_SAMPLING),
+    ("bench.models.var.", SLOW_SAMPLING),
+    ("bench.models.vqvae.x_phi_index_map", SLOW_SAMPLING),
+    ("bench.models.vqvae.xǁMultiScaleQuantizerǁ", SLOW_SAMPLING),
+    ("bench.models.vqvae.xǁ_PhiListǁ", SLOW_SAMPLING),
+    ("bench.models.vqvae.xǁPhiǁ", SLOW_SAMPLING),
+    ("bench.prune.", SLOW_PRUNE),
+    ("methods.magnitude.", SLOW_PRUNE),
+]
+MUTMUT_STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
+                 36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout",
+                 37: "caught by type check", None: "not checked"}
+
+
+def _mutmut_codes():
+    for dirpath, _, files in os.walk("mutants"):
+        for f in sorted(files):
+            if f.endswith(".py.meta"):
+                path = os.path.relpath(os.path.join(dirpath, f[:-5]), "mutants")
+                yield path, json.load(open(os.path.join(dirpath, f)))["exit_code_by_key"]
+
+
+def recheck():
+    """Run the slow tests on mutmut's survivors (in mutants/, the mutant chosen by MUTANT_UNDER_TEST)."""
+    todo = []
+    done = json.load(open(RECHECK)) if os.path.exists(RECHECK) else {}   # cached: only new survivors
+    for _, codes in _mutmut_codes():
+        for name, code in sorted(codes.items()):
+            if MUTMUT_STATUS.get(code) == "survived" and name not in done:
+                tests = next((t for prefix, t in RECHECK_SCOPE if name.startswith(prefix)), None)
+                if tests:
+                    todo.append((name, tests))
+    os.chdir("mutants")
+    sys.path.insert(0, os.getcwd())
+    import torch
+    torch.set_num_threads(1)
+    import bench.models.generator  # noqa: F401  (from mutants/: the trampolined copy)
+    print(f"rechecking {len(todo)} survivors with the slow tests", flush=True)
+    for name, tests in todo:
+        os.environ["MUTANT_UNDER_TEST"] = name
+        status, dt = run_tests(tests, timeout=300)
+        done[name] = status
+        print(f"  {status:9s} {dt:5.1f}s  {name}", flush=True)
+        with open(os.path.join("..", RECHECK), "w") as f:
+            json.dump(done, f, indent=1)
+    os.environ.pop("MUTANT_UNDER_TEST", None)
+    os.chdir(ROOT)
+
+
+def summary():
+    """Per-file counts of mutmut's results (mutants/**/*.py.meta) and of this driver's, survivors listed."""
+    per_file, survivors = {}, []
+    rechecked = json.load(open(RECHECK)) if os.path.exists(RECHECK) else {}
+    for path, codes in _mutmut_codes():
+        if not codes:
+            continue
+        c = per_file.setdefault(path + " (mutmut)", {})
+        for name, code in sorted(codes.items()):
+            st = MUTMUT_STATUS.get(code, "suspicious")
+            if st == "survived" and name in rechecked:
+                st = {"killed": "killed by slow tests", "survived": "survived (slow tests too)"}.get(
+                    rechecked[name], rechecked[name])
+            c[st] = c.get(st, 0) + 1
+            if not st.startswith("killed") and st != "caught by type check":
+                survivors.append(f"{st}: {name}")
+    if os.path.exists(RESULTS):
+        for r in json.load(open(RESULTS)):
+            c = per_file.setdefault(r["file"] + " (decorated, tests/mutation/run.py)", {})
+            c[r["status"]] = c.get(r["status"], 0) + 1
+            if r["status"] != "killed":
+                survivors.append(f"{r['status']}: {r['tag']}")
+    all_k = all_t = 0
+    print("mutation score per file (killed / total):")
+    for key in sorted(per_file):
+        c = per_file[key]
+        k, t = c.get("killed", 0) + c.get("killed by slow tests", 0), sum(c.values())
+        all_k, all_t = all_k + k, all_t + t
+        print(f"  {key}: {k}/{t}  (" + ", ".join(f"{s} {n}" for s, n in sorted(c.items())) + ")")
+    print(f"mutation score: {all_k}/{all_t} killed ({100 * all_k / max(all_t, 1):.1f}%)")
+    print(f"not killed ({len(survivors)}; inspect a mutmut one with `.venv/bin/mutmut show NAME`):")
+    for s in survivors:
+        print("  " + s)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--summary", action="store_true", help="print the per-file scores and survivors, run nothing")
+    ap.add_argument("--recheck", action="store_true", help="run the slow tests on mutmut's survivors")
+    ap.add_argument("--only", default="", help="run only targets whose name contains this")
+    ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
+    args = ap.parse_args()
+    os.chdir(ROOT)
+    if args.summary:
+        return summary()
+    if args.recheck:
+        return recheck()
+    sys.path.insert(0, ROOT)
+    import torch
+    torch.set_num_threads(1)
+    totals = {}
+    survivors, records = [], []
+    for module, qualname, tests in TARGETS:
+        name = f"{module}.{qualname}"
+        if args.only not in name:
+            continue
+        fn = resolve(module, qualname)
+        src_lines, first = inspect.getsourcelines(fn)
+        tree = ast.parse(textwrap.dedent("".join(src_lines)))
+        fn_node = tree.body[0]
+        fn_node.decorator_list = []
+        ast.increment_lineno(fn_node, first - 1)
+        path = inspect.getsourcefile(fn)
+        muts = list(mutants_of(fn_node))
+        if args.list:
+            for line, desc, _ in muts:
+                print(f"{os.path.relpath(path, ROOT)}:{line} {qualname}: {desc}")
+            continue
+        status, base = run_tests(tests)
+        if status != "survived":
+            print(f"{name}: the unmutated tests do not pass ({status}); skipped", flush=True)
+            continue
+        limit = 3 * base + 10
+        print(f"{name}: {len(muts)} mutants, clean run {base:.1f}s, timeout {limit:.0f}s", flush=True)
+        counts = totals.setdefault(os.path.relpath(path, ROOT) + "::" + qualname, {})
+        for line, desc, new_fn in muts:
+            mod = ast.Module(body=[new_fn], type_ignores=[])
+            code = compile(mod, path, "exec")
+            fn_code = next(c for c in code.co_consts if getattr(c, "co_name", None) == fn.__name__)
+            if fn_code.co_freevars != fn.__code__.co_freevars:
+                status, dt = "error(closure)", 0.0
+            else:
+                status, dt = run_tests(tests, fn, fn_code, limit)
+            counts[status] = counts.get(status, 0) + 1
+            tag = f"{os.path.relpath(path, ROOT)}:{line} {qualname}: {desc}"
+            print(f"  {status:9s} {dt:5.1f}s  {tag}", flush=True)
+            records.append({"file": os.path.relpath(path, ROOT), "tag": tag, "status": status, "seconds": round(dt, 1)})
+            if status != "killed":
+                survivors.append((status, tag))
+    if args.list:
+        return
+    if not args.only:
+        os.makedirs("mutants", exist_ok=True)
+        with open(RESULTS, "w") as f:
+            json.dump(records, f, indent=1)
+    print("\nscore per function (killed / total):")
+    all_k = all_t = 0
+    for key, c in totals.items():
+        k, t = c.get("killed", 0) + c.get("killed by slow tests", 0), sum(c.values())
+        all_k, all_t = all_k + k, all_t + t
+        print(f"  {key}: {k}/{t} killed; " + ", ".join(f"{s} {n}" for s, n in sorted(c.items())))
+    print(f"mutation score (decorated functions): {all_k}/{all_t} killed")
+    print("not killed:")
+    for status, tag in survivors:
+        print(f"  {status}: {tag}")
+
+
+if __name__ == "__main__":
+    main()
