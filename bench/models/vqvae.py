@@ -202,12 +202,19 @@ class _PhiList(nn.Module):
         phis = [Phi(c, ratio) if abs(ratio) > 1e-6 else nn.Identity() for _ in range(n_phi if share != 1 else 1)]
         if share == 1:
             self.qresi = phis[0]                    # key: quant_resi.qresi.*
+        elif share == 0:                            # official PhiNonShared is itself a ModuleList
+            for k, phi in enumerate(phis):
+                self.add_module(str(k), phi)        # key: quant_resi.{k}.*
         else:
             self.qresi_ls = nn.ModuleList(phis)     # key: quant_resi.qresi_ls.{k}.*
         self._share = share
 
     def __getitem__(self, si: int) -> nn.Module:
-        return self.qresi if self._share == 1 else self.qresi_ls[self.index[si]]
+        if self._share == 1:
+            return self.qresi
+        if self._share == 0:
+            return self._modules[str(self.index[si])]
+        return self.qresi_ls[self.index[si]]
 
 
 class MultiScaleQuantizer(nn.Module):
