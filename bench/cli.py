@@ -76,9 +76,8 @@ def _cmd_run(args) -> int:
 
     spec = make_spec(args.model, args.method, bench=args.bench, n=args.n, seed=args.seed, world=args.world,
                      sampling=_sampling_overrides(args), ckpt_dir=args.ckpt_dir)
-    from bench.runner import preflight, run
+    from bench.runner import run
 
-    preflight(spec, args.results)
     rec = run(spec, root=args.results, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet)
     print(json.dumps({"run_id": rec["run_id"], "path": str(spec.path(args.results)),
                       "methods": rec["spec"]["methods"],

@@ -170,8 +170,8 @@ def match_records(specs: Iterable[RunSpec], records: Mapping[str, Mapping[str, A
     """(found, stale): per spec key, its record if present, and the stale records of the same request.
 
     A spec without checkpoint identity (files absent here) matches on every other field. A record is
-    a stale candidate for a spec when it has the same model, bench, n, seed and requested chain but
-    another key.
+    a stale candidate for a spec when it has the same model, bench, n, seed, requested chain and
+    requested sampling overrides but another key.
     """
     specs = list(specs)
     by_key = {r["run_id"]: r for r in records.values()}
@@ -185,10 +185,11 @@ def match_records(specs: Iterable[RunSpec], records: Mapping[str, Mapping[str, A
         if rec is not None:
             found[sp.key()] = rec
             continue
-        req = (sp.requested or {}).get("methods")
+        req = sp.requested or {}
         for r in records.values():
-            s = r["spec"]
+            s, r_req = r["spec"], r["spec"].get("requested") or {}
             if (s["model"], s["bench"], s["n"], s["seed"], s["world"]) == (sp.model, sp.bench, sp.n, sp.seed, sp.world) \
-                    and (s.get("requested") or {}).get("methods", s["methods"]) == req:
+                    and r_req.get("methods", s["methods"]) == req.get("methods") \
+                    and (r_req.get("sampling") or {}) == (req.get("sampling") or {}):
                 stale.setdefault(sp.key(), []).append(r)
     return found, stale

@@ -241,3 +241,23 @@ def test_unknown_table_and_bad_specs_are_clear_errors():
                      ({**good, "reference_row": "Z"}, "not a row label")):
         with pytest.raises(TableSpecError, match=msg):
             parse_spec(bad, "x")
+
+
+def test_a_stale_record_is_not_shown_and_its_cell_says_why(tmp_path):
+    import dataclasses
+
+    from bench.plan import match_records
+    cells, specs = cells_and_specs("evar-table2")
+    mag = specs[("Magnitude", 0)]
+    old = fake(dataclasses.replace(mag, method_versions={"magnitude": 0}), {"fid": 9.0, "is": 1.0})
+    other_request = fake(dataclasses.replace(mag, method_versions={"magnitude": 0}, sampling={**mag.sampling, "cfg": 3.0},
+                                             requested={"methods": mag.requested["methods"], "sampling": {"cfg": 3.0}}),
+                         {"fid": 8.0})
+    records = {r["run_id"]: r for r in (old, other_request)}
+    found, stale = match_records([mag], records)
+    assert found == {} and [r["run_id"] for r in stale[mag.key()]] == [old["run_id"]]
+    out = render("evar-table2", "tiny", cells, found, stale, out_dir=tmp_path, formats=("json",))
+    row = next(r for r in out["json"]["rows"] if r["label"] == "Magnitude")
+    assert row["cells"]["tf40_fid"]["ours"] is None
+    notes = {f["mark"]: f["text"] for f in out["json"]["footnotes"]}
+    assert any("stale record" in notes[m] and "magnitude v0→v1" in notes[m] for m in row["footnotes"])
