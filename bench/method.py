@@ -13,9 +13,12 @@ constructor arguments (YAML parameters), never new names.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
 
 from bench.models.generator import Generator
+from bench.prune import block_sparsities, index_scores, prune_by_scores
 from bench.registry import METHODS
 from bench.spec import parse_method, resolve_chain, resolve_params
 
@@ -66,3 +69,33 @@ def apply_chain(gen: Generator, specs: Sequence[str], ctx: Context) -> Generator
         gen = m.apply(gen, ctx)
         ctx.notes.extend(f"{m.name}: {d}" for d in m.deviations)
     return gen
+
+
+class StructuredPruner(Method):
+    """Base of the ``weights`` methods that remove heads and FFN channels (uniform or ``log`` schedule).
+
+    Subclasses implement ``scores(gen, ctx) -> (head_scores, channel_scores)`` (dicts block → scores,
+    higher = keep), or override ``prune(gen, ctx, sparsities)`` when pruning also changes the kept
+    weights (OBS compensation). On the meta device (weight-free accounting, ``varbench info``) only the
+    sizes matter: the first units are kept and no score is computed.
+    """
+    kind = "weights"
+
+    def sparsities(self, gen: Generator) -> List[float]:
+        return block_sparsities(len(gen.var.blocks), self.sparsity, self.params.get("schedule", "uniform"))
+
+    def apply(self, gen: Generator, ctx: Context) -> Generator:
+        per_block = self.sparsities(gen)
+        if gen.device.type == "meta":
+            return prune_by_scores(gen, *index_scores(gen), per_block)
+        if all(s == 0 for s in per_block):
+            ctx.notes.append(f"{self.name}: sparsity 0, model unchanged")
+            return gen
+        return self.prune(gen, ctx, per_block)
+
+    def prune(self, gen: Generator, ctx: Context, sparsities: List[float]) -> Generator:
+        heads, channels = self.scores(gen, ctx)
+        return prune_by_scores(gen, heads, channels, sparsities)
+
+    def scores(self, gen: Generator, ctx: Context) -> Tuple[Dict[int, torch.Tensor], Dict[int, torch.Tensor]]:
+        raise NotImplementedError

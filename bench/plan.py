@@ -145,7 +145,7 @@ def table_cells(table, world: str, n: Optional[int] = None, seed: int = 0,
             if model is None:
                 cells.append(Cell(row.label, gi, reason=table.skip_reason(row, world)))
                 continue
-            chain = table.chain(row, group)
+            chain = table.chain(row, group, world)
             missing = missing_methods(chain)
             if missing:
                 cells.append(Cell(row.label, gi, reason=f"not computed: method(s) {', '.join(sorted(set(missing)))} "

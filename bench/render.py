@@ -21,6 +21,10 @@ Spec format
       ft40: ["{method}:sparsity=0.4", "ft:epochs=1"] # setting's ("evar:calib=first" +
                                                      # "{method}:sparsity=0.4" ->
                                                      # "evar:calib=first,sparsity=0.4")
+    world_params:                 # optional: per world, parameters given to a method wherever it
+      paper: {psad: {epochs: 40}} # appears in this table's chains, unless the chain sets them (e.g.
+      tiny: {psad: {epochs: 3}}   # the paper's recovery schedule and a scaled tiny one; stated in a
+                                  # footnote)
     reference_row: Dense          # optional: the row relative columns compare against
     groups:                       # column groups; each is one setting, i.e. one run per row
       - label: "40% sparse (training-free)"          # optional: spanning header (LaTeX)
@@ -43,6 +47,7 @@ Spec format
       - {label: SlimGPT, method: slimgpt}            # substituted into each group's setting
       - {label: VAR-d20, model: {paper: var-d20}, methods: []}  # own model; none in tiny -> no run
       - {label: LlamaGen-L, paper_only: true, info: {type: AR}}  # never run: not a varbench model
+      - {label: Dense, methods: [], rank: false}     # rank: false leaves the row out of Kendall's tau
 
     paper:                        # the paper's numbers: row label -> column id -> number
       SlimGPT: {tf40_fid: 138.91}                    # (or a string shown verbatim, or null)
@@ -60,7 +65,11 @@ row's ``note``, ``row_notes`` and every record's ``notes`` (deviations of the me
 
 Relative columns (``relative: speedup | ratio | delta``) are computed from the same metric in the
 ``reference_row`` (default: the first row with ``methods: []``) of the same column group; their
-error bars are not propagated. The ``.json`` output is ``build_table``'s dict: per row its status
+error bars are not propagated.
+
+Agreement with the paper: under the rows, every column gets Kendall's tau-b between our values and
+the paper's over the rows that have both (``scipy.stats.kendalltau``; rows with ``rank: false`` left
+out), i.e. whether the tiny world orders the rows as the paper does. The ``.json`` output is ``build_table``'s dict: per row its status
 (run / paper-only / no-model), footnote marks and, per column id, ``{ours, stderr, paper, text,
 tex, run_id, methods}``.
 
@@ -81,9 +90,9 @@ import yaml
 
 from bench.io import atomic_write_text, git_commit
 from bench.plan import staleness
-from bench.registry import METRICS, TABLES
+from bench.registry import METHODS, METRICS, TABLES
 from bench.resources import resource_dir, tables_out_dir
-from bench.spec import SpecError, format_method, parse_chain, parse_method
+from bench.spec import SpecError, format_method, parse_chain, parse_method, resolve_params
 
 FORMATS = ("md", "tex", "json")
 PAPER_ONLY_NOTE = "paper number only: not a varbench model"
@@ -149,6 +158,7 @@ class Row:
     model: Optional[Dict[str, str]] = None     # per-world model overriding the table's
     note: Optional[str] = None
     info: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    rank: bool = True                          # counted in the Kendall tau against the paper
 
 
 def _keys(d: Any, allowed: Iterable[str], required: Iterable[str], where: str) -> dict:
@@ -212,6 +222,7 @@ class TableSpec:
     footnotes: Tuple[str, ...]
     path: Optional[Path] = None
     reference_row: Optional[str] = None   # the row derived (relative) columns compare against
+    world_params: Dict[str, Dict[str, Dict[str, Any]]] = dataclasses.field(default_factory=dict)
 
     @property
     def columns(self) -> Tuple[Column, ...]:
@@ -235,11 +246,30 @@ class TableSpec:
         models = row.model if row.model is not None else self.model
         return models.get(world)
 
-    def chain(self, row: Row, group: Group) -> Tuple[str, ...]:
-        """The method chain of ``row`` in column group ``group``."""
-        if row.methods is not None:
-            return row.methods
-        return expand_chain(group.chain, row.method)
+    def chain(self, row: Row, group: Group, world: Optional[str] = None) -> Tuple[str, ...]:
+        """The method chain of ``row`` in column group ``group`` (with ``world``'s ``world_params``)."""
+        chain = row.methods if row.methods is not None else expand_chain(group.chain, row.method)
+        extra = self.world_params.get(world or "", {})
+        if not extra:
+            return chain
+        out = []
+        for item in chain:
+            name, params = parse_method(item)
+            out.append(format_method(name, {**extra.get(name, {}), **params}))   # the chain's own values win
+        return tuple(out)
+
+    def schedule_note(self, world: str) -> Optional[str]:
+        """A footnote stating the per-world method parameters of this table, this world's and the paper's."""
+        if not self.world_params:
+            return None
+
+        def say(w):
+            ps = self.world_params.get(w) or {}
+            return "; ".join(f"{m}: " + ", ".join(f"{k}={v}" for k, v in sorted(p.items())) for m, p in sorted(ps.items())) or "defaults"
+        text = f"Schedule in the {world} world: {say(world)}"
+        if world != "paper":
+            text += f" (paper world: {say('paper')})"
+        return text + "."
 
     def skip_reason(self, row: Row, world: str) -> Optional[str]:
         """Why ``row`` has no runs in ``world`` (None if it has)."""
@@ -277,7 +307,7 @@ def _parse_column(c: Any, group: int, where: str) -> Column:
 
 
 def _parse_row(r: Any, where: str) -> Row:
-    r = _keys(r, ("label", "method", "methods", "paper_only", "model", "note", "info"), ("label",), where)
+    r = _keys(r, ("label", "method", "methods", "paper_only", "model", "note", "info", "rank"), ("label",), where)
     kinds = [k for k in ("method", "methods", "paper_only") if r.get(k) not in (None, False)]  # [] counts
     if len(kinds) != 1:
         raise TableSpecError(f"{where}: give exactly one of method, methods, paper_only (got {kinds or 'none'})")
@@ -296,14 +326,14 @@ def _parse_row(r: Any, where: str) -> Row:
     if model is not None and not isinstance(model, dict):
         raise TableSpecError(f"{where}: model must be a mapping world -> model name")
     return Row(label=str(r["label"]), method=method, methods=methods, paper_only=bool(r.get("paper_only")),
-               model=model, note=r.get("note"), info=dict(r.get("info") or {}))
+               model=model, note=r.get("note"), info=dict(r.get("info") or {}), rank=bool(r.get("rank", True)))
 
 
 def parse_spec(data: Any, name: str, path: Optional[Path] = None) -> TableSpec:
     """Build and check a ``TableSpec`` from the YAML's data."""
     where = f"table spec {name}" + (f" ({path})" if path else "")
     d = _keys(data, ("title", "caption", "model", "bench", "n", "row_header", "settings", "groups",
-                     "info_columns", "rows", "paper", "footnotes", "reference_row"),
+                     "info_columns", "rows", "paper", "footnotes", "reference_row", "world_params"),
               ("title", "model", "bench", "groups", "rows"), where)
     settings = d.get("settings") or {}
     groups = []
@@ -328,9 +358,28 @@ def parse_spec(data: Any, name: str, path: Optional[Path] = None) -> TableSpec:
                      row_header=str(d.get("row_header", "")), groups=tuple(groups), info_columns=infos,
                      rows=rows, paper={str(k): dict(v or {}) for k, v in (d.get("paper") or {}).items()},
                      footnotes=tuple(str(f) for f in d.get("footnotes") or ()), path=path,
-                     reference_row=_reference_row(d.get("reference_row"), rows, where))
+                     reference_row=_reference_row(d.get("reference_row"), rows, where),
+                     world_params=_world_params(d.get("world_params"), where))
     _check(spec, where)
     return spec
+
+
+def _world_params(d: Any, where: str) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    if d is None:
+        return {}
+    out = {}
+    for world, methods in _keys(d, ("paper", "tiny"), (), f"{where}: world_params").items():
+        out[world] = {}
+        for name, params in (methods or {}).items():
+            if not isinstance(params, dict):
+                raise TableSpecError(f"{where}: world_params.{world}.{name} must be a mapping parameter -> value")
+            try:   # a method not implemented yet is checked once it is (its cells say why they are empty)
+                if str(name) in METHODS:
+                    resolve_params(str(name), params)
+            except (SpecError, ValueError, KeyError) as e:
+                raise TableSpecError(f"{where}: world_params.{world}.{name}: {e}") from None
+            out[world][str(name)] = dict(params)
+    return out
 
 
 def _reference_row(label: Optional[str], rows: Tuple[Row, ...], where: str) -> Optional[str]:
@@ -363,7 +412,8 @@ def _check(spec: TableSpec, where: str) -> None:
             raise TableSpecError(f"{where}: row {row.label!r} has unknown info {sorted(set(row.info) - info_ids)}")
         if not row.paper_only:
             for group in spec.groups:
-                spec.chain(row, group)  # raises on a bad template or a parameter clash
+                for world in (None, *spec.world_params):
+                    spec.chain(row, group, world)  # raises on a bad template or a parameter clash
 
 
 def load_spec(name: str | os.PathLike) -> TableSpec:
@@ -492,6 +542,7 @@ def build_table(spec: TableSpec, world: str, cells: Sequence[Any], found: Mappin
                          "model": model, "footnotes": marks, "info": {c.id: row.info.get(c.id) for c in spec.info_columns},
                          "cells": cells_out})
     _derive(spec, rows_out, notes)
+    kendall = _kendall(spec, rows_out)
     for row in rows_out:
         row["footnotes"] = sorted(set(row["footnotes"]))
         for col in spec.columns:
@@ -515,7 +566,8 @@ def build_table(spec: TableSpec, world: str, cells: Sequence[Any], found: Mappin
                      "arrow": c.arrow, "group": c.group, "format": c.format} for c in spec.columns],
         "info_columns": [dataclasses.asdict(c) for c in spec.info_columns],
         "rows": rows_out,
-        "general_footnotes": list(spec.footnotes),
+        "kendall": kendall,
+        "general_footnotes": list(spec.footnotes) + [t for t in (spec.schedule_note(world),) if t],
         "footnotes": [{"mark": i + 1, "text": t} for i, t in enumerate(notes.texts)],
     }
 
@@ -539,6 +591,23 @@ def _derive(spec: TableSpec, rows_out: List[dict], notes: "_Notes") -> None:
                 continue
             c["ours"] = RELATIVE[col.relative][1](c["ours"], ref_value)
             c["stderr"] = None
+
+
+def _kendall(spec: TableSpec, rows_out: List[dict]) -> Dict[str, Dict[str, Any]]:
+    """Per column: Kendall's tau-b between ours and the paper's numbers over the ranked rows with both."""
+    ranked = {r.label for r in spec.rows if r.rank}
+    out = {}
+    for col in spec.columns:
+        pairs = [(r["cells"][col.id]["ours"], r["cells"][col.id]["paper"]) for r in rows_out if r["label"] in ranked]
+        pairs = [(o, p) for o, p in pairs if isinstance(o, (int, float)) and isinstance(p, (int, float))
+                 and not isinstance(p, bool)]
+        tau = None
+        if len(pairs) >= 2:
+            from scipy.stats import kendalltau   # lazy: rendering stays cheap when no table is ranked
+            t = kendalltau([o for o, _ in pairs], [p for _, p in pairs]).statistic
+            tau = None if t != t else float(t)   # NaN (constant column) -> undefined
+        out[col.id] = {"tau": tau, "n": len(pairs)}
+    return out
 
 
 def footer(table: Mapping[str, Any]) -> str:
@@ -585,6 +654,12 @@ def _layout(table: Mapping[str, Any]) -> Dict[str, Any]:
         body_md.append([label_md] + info_b + [row["cells"][c["id"]]["text"] for c in cols] + info_a)
         body_tex.append([label_tex] + [_tex_escape(x) for x in info_b] + [row["cells"][c["id"]]["tex"] for c in cols]
                         + [_tex_escape(x) for x in info_a])
+    kendall = table.get("kendall") or {}
+    if any(k.get("tau") is not None for k in kendall.values()):
+        taus = [kendall.get(c["id"], {}) for c in cols]
+        txt = ["" if k.get("tau") is None else f"{k['tau']:.2f} (n={k['n']})" for k in taus]
+        body_md.append(["Kendall τ vs paper"] + [""] * len(before) + txt + [""] * len(after))
+        body_tex.append([r"Kendall $\tau$ vs paper"] + [""] * len(before) + txt + [""] * len(after))
     # LaTeX: a spanning header per labelled group, with a \cmidrule under it
     span_cells, rules, first = [""] * (1 + len(before)), [], 2 + len(before)
     for g in groups:

@@ -14,8 +14,7 @@ Variants (constructor arguments): ``norm=l1|l2``; ``scope=coupled|out`` — ``ou
 """
 import torch
 
-from bench.method import Method
-from bench.prune import prune_by_scores
+from bench.method import StructuredPruner
 from bench.registry import METHODS
 
 
@@ -24,14 +23,14 @@ def _norm(w: torch.Tensor, dim: int, p: int) -> torch.Tensor:
 
 
 @METHODS.register("magnitude")
-class Magnitude(Method):
-    name, kind = "magnitude", "weights"
+class Magnitude(StructuredPruner):
+    name = "magnitude"
     deviations = ("heads and FFN channels scored by the L2 norm of all their coupled weights (qkv rows + proj "
                   "columns; fc1 row + fc2 column); EVAR-code's baseline uses L1 of proj/fc2 columns only "
                   "(variant norm=l1,scope=out)",)
 
     @torch.no_grad()
-    def scores(self, gen):
+    def scores(self, gen, ctx=None):
         p = 1 if self.norm == "l1" else 2
         heads, channels = {}, {}
         for i, b in enumerate(gen.var.blocks):
@@ -44,7 +43,3 @@ class Magnitude(Method):
                 fc2_F = fc2_F + _norm(b.ffn.fc1.weight, 1, p)
             heads[i], channels[i] = proj_H, fc2_F
         return heads, channels
-
-    def apply(self, gen, ctx):
-        heads, channels = self.scores(gen)
-        return prune_by_scores(gen, heads, channels, self.sparsity)

@@ -73,3 +73,29 @@ def test_info_with_a_structural_method_matches_the_paper_sizes(capsys):
         out = json.loads(capsys.readouterr().out)
         assert abs(out["params"] - paper) / paper < 0.01
         assert out["heads"][0] == 16 - round(16 * s) and out["methods"] == [f"magnitude:sparsity={s}"]
+
+
+WEIGHT_METHODS = [m for m in __import__("bench.registry", fromlist=["METHODS"]).METHODS.names()
+                  if m != "dense" and __import__("bench.registry", fromlist=["METHODS"]).METHODS.meta(m)["kind"] == "weights"]
+
+
+@pytest.mark.parametrize("method", WEIGHT_METHODS)
+def test_every_pruning_method_gives_the_paper_sizes_without_weights(method):
+    """EVAR Tab. 1: VAR-d16 310M -> 270M (20%) / 230M (40%) within 1%; VAR-d24 1.0B -> 875M / 748M
+    within 3% (the difference is explained in the table-1 footnote). Sizes-only pruning on the meta device."""
+    from bench.method import Context, apply_chain
+    for model, s, paper, tol in (("var-d16", 0.4, 230e6, 0.01), ("var-d16", 0.2, 270e6, 0.01),
+                                 ("var-d24", 0.4, 748e6, 0.03), ("var-d24", 0.2, 875e6, 0.03)):
+        gen = apply_chain(MODELS.get(model).build(device="meta"), [f"{method}:sparsity={s}"], Context(progress=False))
+        assert abs(count_params(gen.var) - paper) / paper < tol, (model, s, count_params(gen.var))
+        H = gen.var.cfg.num_heads
+        assert gen.var.cfg.heads == (H - round(H * s),) * gen.var.cfg.depth
+
+
+def test_log_schedule_keeps_the_mean_sparsity_without_weights():
+    from bench.method import Context, apply_chain
+    gen = apply_chain(MODELS.get("var-d16").build(device="meta"), ["magnitude:sparsity=0.4,schedule=log"],
+                      Context(progress=False))
+    heads = gen.var.cfg.heads
+    assert heads[0] == 16 and list(heads) == sorted(heads, reverse=True) and heads[-1] < 16 - round(16 * 0.4)
+    assert abs(count_params(gen.var) - 230e6) / 230e6 < 0.02

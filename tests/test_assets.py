@@ -46,10 +46,12 @@ def test_recorded_recipe_is_the_code_recipe(manifest, name):
     assert without_threads(entry["recipe"]) == without_threads(recipe), \
         f"{name}: the shipped checkpoint was trained by another recipe than bench/recipes/tiny.py's"
     assert "threads" in entry, f"{name}: the manifest does not record the thread count"
-    if entry["threads"] is None:
-        pytest.xfail(f"{name}: the shipped checkpoint predates thread pinning and is not what the pinned recipe "
-                     f"({recipe['threads']} thread(s)) trains; retrain it with `make tiny-models`")
-    assert entry["threads"] == entry["recipe"]["threads"] == recipe["threads"]
+    assert entry["threads"] == entry["recipe"]["threads"] == recipe["threads"], \
+        f"{name}: trained under another thread count than the pinned recipe's; retrain it with `make tiny-models`"
+    if recipe.get("isa"):   # trained in the ISA-pinned child process (bench/recipes/tiny.py)
+        from bench.recipes.tiny import ISA_ENV
+        assert entry["isa"] == recipe["isa"] and entry["isa_env"] == ISA_ENV[recipe["isa"]]
+        assert entry["cpu_capability"] == recipe["isa"].upper()
 
 
 def test_quality_bars(manifest):

@@ -123,6 +123,6 @@ def test_two_token_methods_in_one_chain_are_a_clear_error(monkeypatch):
     from bench.spec import SpecError, resolve_chain
     for name in ("toka", "tokb"):
         monkeypatch.setitem(METHODS._meta, name, {"name": name, "kind": "tokens", "version": 1, "params": {}})
-    assert resolve_chain(["toka", "magnitude"]) == ("toka", "magnitude:norm=l2,scope=coupled,sparsity=0.4")
+    assert resolve_chain(["toka", "magnitude"]) == ("toka", "magnitude:norm=l2,schedule=uniform,scope=coupled,sparsity=0.4")
     with pytest.raises(SpecError, match="one token-policy slot"):
         resolve_chain(["toka", "tokb"])

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -62,7 +63,7 @@ def test_table2_cells_resolve_defaults_and_share_the_dense_run():
     dense = {specs[("Dense", g)].key() for g in range(3)}
     assert len(dense) == 1
     mag = specs[("Magnitude", 0)]
-    assert mag.methods == ("magnitude:norm=l2,scope=coupled,sparsity=0.4",)
+    assert mag.methods == ("magnitude:norm=l2,schedule=uniform,scope=coupled,sparsity=0.4",)
     assert mag.requested["methods"] == ["magnitude:sparsity=0.4"] and mag.method_versions == {"magnitude": 1}
     assert set(mag.ckpt) == {"tiny_var.safetensors", "tiny_vqvae.safetensors"} and mag.protocol["version"] == 1
     ft = specs[("Magnitude", 2)]
@@ -116,7 +117,7 @@ def test_render_fills_exactly_the_cells_with_records(tmp_path):
     assert rows["Magnitude"]["cells"]["tf40_is"]["text"] == "7.00 / 3.90"
     assert rows["Magnitude"]["cells"]["tf20_fid"] == {
         "ours": None, "stderr": None, "paper": 152.29, "text": "/ 152.29", "tex": "/ 152.29",
-        "run_id": None, "methods": ["magnitude:norm=l2,scope=coupled,sparsity=0.2"]}
+        "run_id": None, "methods": ["magnitude:norm=l2,schedule=uniform,scope=coupled,sparsity=0.2"]}
     assert [rows["Dense"]["cells"][c]["text"] for c in ("tf40_fid", "tf20_is", "ft40_fid")] == \
         ["3.00 / 3.55", "20.00 / 274.40", "3.00 / 3.55"]  # one dense run fills every group
     filled = [(r["label"], c) for r in out["json"]["rows"] for c, v in r["cells"].items() if v["ours"] is not None]
@@ -261,3 +262,57 @@ def test_a_stale_record_is_not_shown_and_its_cell_says_why(tmp_path):
     assert row["cells"]["tf40_fid"]["ours"] is None
     notes = {f["mark"]: f["text"] for f in out["json"]["footnotes"]}
     assert any("stale record" in notes[m] and "magnitude v0→v1" in notes[m] for m in row["footnotes"])
+
+
+def _toy(rows, world_params=None):
+    d = {"title": "t", "model": {"tiny": "tiny-var", "paper": "var-d16"}, "bench": {"tiny": "shapes-c2i", "paper": "imagenet256"},
+         "settings": {"s": ["{method}", "ft"], "one": ["{method}", "ft:epochs=2"]},
+         "groups": [{"setting": "s", "columns": [{"id": "fid", "metric": "fid"}]},
+                    {"setting": "one", "columns": [{"id": "fid1", "metric": "fid"}]}],
+         "rows": rows}
+    if world_params:
+        d["world_params"] = world_params
+    return parse_spec(d, "toy")
+
+
+def test_world_params_set_a_per_world_schedule_unless_the_chain_sets_it(tmp_path):
+    spec = _toy([{"label": "Mag", "method": "magnitude:sparsity=0.2"}],
+                {"paper": {"ft": {"epochs": 40}}, "tiny": {"ft": {"epochs": 3}}})
+    row = spec.rows[0]
+    s, one = spec.groups
+    assert spec.chain(row, s, "tiny") == ("magnitude:sparsity=0.2", "ft:epochs=3")
+    assert spec.chain(row, s, "paper") == ("magnitude:sparsity=0.2", "ft:epochs=40")
+    assert spec.chain(row, one, "tiny") == ("magnitude:sparsity=0.2", "ft:epochs=2")   # the chain's own value wins
+    cells = table_cells(spec, "tiny")
+    assert cells[0].spec.requested["methods"] == ["magnitude:sparsity=0.2", "ft:epochs=3"]
+    out = render(spec, "tiny", cells, {}, out_dir=tmp_path, formats=("json", "md"))
+    assert "Schedule in the tiny world: ft: epochs=3 (paper world: ft: epochs=40)." in out["md"]
+    with pytest.raises(TableSpecError, match="world_params"):
+        _toy([{"label": "Mag", "method": "magnitude"}], {"tiny": {"ft": {"epoch": 3}}})
+    with pytest.raises(TableSpecError, match="world_params"):
+        _toy([{"label": "Mag", "method": "magnitude"}], {"moon": {"ft": {"epochs": 3}}})
+
+
+def test_kendall_tau_per_column_against_the_paper(tmp_path):
+    from scipy.stats import kendalltau
+    labels = ["Dense", "A", "B", "C", "D"]
+    rows = [{"label": "Dense", "methods": [], "rank": False}] + \
+           [{"label": x, "method": f"magnitude:sparsity=0.{i + 1}"} for i, x in enumerate(labels[1:])]
+    spec = _toy(rows)
+    paper = {"Dense": 1.0, "A": 10.0, "B": 20.0, "C": 30.0, "D": 40.0}
+    ours = {"Dense": 99.0, "A": 1.5, "B": 1.2, "C": 3.0, "D": 4.0}       # A/B swapped; Dense unranked
+    spec = dataclasses.replace(spec, paper={k: {"fid": v, "fid1": v} for k, v in paper.items()})
+    cells = table_cells(spec, "tiny")
+    recs = {}
+    for c in cells:
+        if c.group == 0:
+            r = make_record(c.spec, {"fid": ours[c.row]}, {}, {})
+            recs[r["run_id"]] = r
+    out = render(spec, "tiny", cells, recs, out_dir=tmp_path, formats=("json", "md", "tex"))
+    k = out["json"]["kendall"]
+    want = kendalltau([1.5, 1.2, 3.0, 4.0], [10, 20, 30, 40]).statistic
+    assert k["fid"] == {"tau": pytest.approx(want), "n": 4} and want == pytest.approx(2 / 3)
+    assert k["fid1"] == {"tau": None, "n": 0}                       # no measured cells: undefined
+    assert f"{want:.2f} (n=4)" in out["md"] and "Kendall $\\tau$ vs paper" in out["tex"]
+    md_rows = [ln for ln in out["md"].splitlines() if ln.startswith("|")]
+    assert len({len(ln) for ln in md_rows}) == 1 and md_rows[-1].startswith("| Kendall τ vs paper")

@@ -16,6 +16,9 @@ def test_recipe_thread_counts():
     """The counts the shipped checkpoints reproduce with (see the manifest and bench/recipes/tiny.py)."""
     assert train.VAE_RECIPE["threads"] == train.VAR_RECIPE["threads"] == 2
     assert train.CNN_RECIPE["threads"] == 1
+    # the feature CNN is also pinned to one SIMD level (every CPU library torch uses), in a child process
+    assert train.CNN_RECIPE["isa"] == "avx2"
+    assert train.ISA_ENV["avx2"] == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 @pytest.fixture
@@ -55,6 +58,9 @@ def test_recipes_smoke_and_reproducible(tmp_path, few_steps):
         assert entry["recipe"] == recipes[name] and entry["recipe"]["seed"] == 0 and entry["curve"]
         assert entry["threads"] == recipes[name]["threads"], f"{name}: thread count not recorded"
         assert entry["cpu_capability"], f"{name}: SIMD level not recorded"
+    cnn = manifest["models"]["feature-cnn"]
+    assert cnn["isa"] == "avx2" and cnn["isa_env"] == train.ISA_ENV["avx2"] and cnn["cpu_capability"] == "AVX2", \
+        "the CNN stage did not run in the ISA-pinned child"
     q = manifest["models"]["tiny-var"]["quality"]
     assert {"class_acc", "precision", "recall", "fid", "bars"} <= set(q) and q["threads"] == train.EVAL_THREADS
     assert "val_psnr_db" in manifest["models"]["tiny-vqvae"]["quality"]

@@ -18,16 +18,29 @@ threads, so a checkpoint is reproducible bit for bit only with the thread count 
 with (and on the same SIMD level: AVX2 and AVX-512 kernels round differently). Each stage runs
 under its count, the caller's count is restored afterwards, and the stage's manifest entry records
 the count in effect (``threads``) and the SIMD level (``cpu_capability``). The VQVAE and tiny-var
-recipes run on 2 threads (the shipped checkpoints reproduce with 2), the feature CNN on 1 (its
-convolution gradients differ with every thread count on AVX-512; one thread is the count any
-machine can run as is).
+recipes run on 2 threads (the shipped checkpoints reproduce with 2, on an AVX-512 machine: the
+SIMD level of the machine that trained them), the feature CNN on 1 (its convolution gradients
+differ with every thread count).
+
+The feature CNN (``isa: avx2`` in its recipe) is also pinned to one SIMD level, so that it
+reproduces on any x86-64 machine with AVX2 (all since 2013), not only on the trainer's: its stage
+runs in a child process started with ``ATEN_CPU_CAPABILITY=avx2`` (PyTorch's own kernels),
+``MKL_CBWR=AVX2`` (MKL's conditional numerical reproducibility: the AVX2 code path on any newer CPU)
+and ``ONEDNN_MAX_CPU_ISA=AVX2`` (oneDNN convolutions). Each of the three changes the CNN's bits
+when left to the machine (measured on an AVX-512 machine); the variables must be set before torch
+starts, hence the child process. The manifest records ``isa`` and the variables. (The VQVAE and
+tiny-var recipes are not ISA-pinned: the shipped files were trained natively on AVX-512, and pinning
+now would mean re-shipping them; retraining them elsewhere reproduces them only on AVX-512.)
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import math
+import os
 import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
@@ -49,7 +62,9 @@ from bench.tiny import configs
 VAE_RECIPE = dict(seed=0, steps=1500, batch=64, lr=2e-3, warmup=100, pool=16384, restart_every=100, l1=0.5,
                   threads=2)
 VAR_RECIPE = dict(seed=0, steps=3000, batch=64, lr=2e-3, wd=0.05, warmup=150, pool=24576, threads=2)
-CNN_RECIPE = dict(seed=0, epochs=6, batch=128, lr=2e-3, pool=12288, threads=1)
+CNN_RECIPE = dict(seed=0, epochs=6, batch=128, lr=2e-3, pool=12288, threads=1, isa="avx2")
+# The environment that pins every CPU library torch uses to one SIMD level (see the module docstring).
+ISA_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 EVAL_THREADS = 2  # the tiny-var quality measurement (sampling + metrics) runs under this count
 VAE_VAL, CNN_VAL = 512, 2048  # held-out ``val`` images for the VQVAE's PSNR and the CNN's accuracy
 
@@ -221,6 +236,38 @@ def _numerics(threads: int) -> dict:
     return {"threads": threads, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
+def isa_pinned(isa: str) -> bool:
+    """Whether this process runs under ``ISA_ENV[isa]`` (set before torch started)."""
+    return all(os.environ.get(k) == v for k, v in ISA_ENV[isa].items())
+
+
+def _cnn_stage(out: Path, recipe: dict, n_val: int, progress: bool) -> float:
+    from bench.metrics.features import save_feature_cnn, train_feature_cnn
+    with pinned_threads(recipe["threads"]) as threads:
+        t0 = time.time()
+        imgs, labels = tinyshapes.generate(recipe["pool"], "train")
+        model, hist = train_feature_cnn(imgs, labels, num_classes=tinyshapes.NUM_CLASSES, epochs=recipe["epochs"],
+                                        batch_size=recipe["batch"], lr=recipe["lr"], seed=recipe["seed"],
+                                        progress=progress)
+        vimgs, vlabels = tinyshapes.generate(n_val, "val")
+        with torch.no_grad():
+            acc = (model.eval().logits(vimgs).argmax(1) == vlabels).float().mean().item()
+        save_feature_cnn(model, out / "feature_cnn.safetensors")
+        pins = {"isa": recipe.get("isa"), "isa_env": ISA_ENV.get(recipe.get("isa"), {})} if recipe.get("isa") else {}
+        write_manifest(out, {"feature-cnn": {"file": "feature_cnn.safetensors", "recipe": recipe, **_numerics(threads),
+                                             **pins, "train_seconds": round(time.time() - t0),
+                                             "quality": {"val_accuracy": round(acc, 4)}, "curve": hist}})
+    return acc
+
+
+def _run_pinned(isa: str, out: Path, recipe: dict, n_val: int, progress: bool) -> float:
+    """The CNN stage in a child process whose CPU libraries are pinned to ``isa`` from the start."""
+    job = json.dumps({"out": str(out), "recipe": recipe, "n_val": n_val, "progress": progress})
+    env = {**os.environ, **ISA_ENV[isa]}
+    subprocess.run([sys.executable, "-m", "bench.recipes.tiny", "--cnn-job", job], env=env, check=True)
+    return json.loads((out / "manifest.json").read_text())["models"]["feature-cnn"]["quality"]["val_accuracy"]
+
+
 def run(out: Path, stages=STAGES, progress: bool = True, eval_per_class: int = 50) -> None:
     """Train the requested stages in order; each stage saves its checkpoint and manifest entry.
 
@@ -238,21 +285,11 @@ def run(out: Path, stages=STAGES, progress: bool = True, eval_per_class: int = 5
                                                 "quality": {"val_psnr_db": info["val_psnr_db"]}, "curve": info["curve"]}})
         print(f"tiny VQVAE: val PSNR {info['val_psnr_db']:.2f} dB")
     if "cnn" in stages:
-        from bench.metrics.features import save_feature_cnn, train_feature_cnn
-        recipe = CNN_RECIPE
-        with pinned_threads(recipe["threads"]) as threads:
-            t0 = time.time()
-            imgs, labels = tinyshapes.generate(recipe["pool"], "train")
-            model, hist = train_feature_cnn(imgs, labels, num_classes=tinyshapes.NUM_CLASSES, epochs=recipe["epochs"],
-                                            batch_size=recipe["batch"], lr=recipe["lr"], seed=recipe["seed"],
-                                            progress=progress)
-            vimgs, vlabels = tinyshapes.generate(CNN_VAL, "val")
-            with torch.no_grad():
-                acc = (model.eval().logits(vimgs).argmax(1) == vlabels).float().mean().item()
-            save_feature_cnn(model, out / "feature_cnn.safetensors")
-            write_manifest(out, {"feature-cnn": {"file": "feature_cnn.safetensors", "recipe": recipe, **_numerics(threads),
-                                                 "train_seconds": round(time.time() - t0),
-                                                 "quality": {"val_accuracy": round(acc, 4)}, "curve": hist}})
+        recipe, isa = CNN_RECIPE, CNN_RECIPE.get("isa")
+        if isa and not isa_pinned(isa):
+            acc = _run_pinned(isa, out, recipe, CNN_VAL, progress)
+        else:
+            acc = _cnn_stage(out, recipe, CNN_VAL, progress)
         print(f"feature CNN: held-out accuracy {acc:.4f}")
     if "var" in stages:
         recipe = VAR_RECIPE
@@ -284,7 +321,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="assets/tiny", help="output folder (default: assets/tiny)")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--cnn-job", default=None, help=argparse.SUPPRESS)   # internal: the ISA-pinned child
     a = p.parse_args(argv)
+    if a.cnn_job:
+        job = json.loads(a.cnn_job)
+        if job["recipe"].get("isa") and not isa_pinned(job["recipe"]["isa"]):
+            p.error("--cnn-job runs only under the ISA_ENV of its recipe")
+        _cnn_stage(Path(job["out"]), job["recipe"], job["n_val"], job["progress"])
+        return 0
     stages = [s.strip() for s in a.stages.split(",") if s.strip()]
     bad = [s for s in stages if s not in STAGES]
     if bad:
