@@ -603,7 +603,7 @@ def _kendall(spec: TableSpec, rows_out: List[dict]) -> Dict[str, Dict[str, Any]]
                  and not isinstance(p, bool)]
         tau = None
         if len(pairs) >= 2:
-            from scipy.stats import kendalltau   # lazy: rendering stays cheap when no table is ranked
+            from scipy.stats import kendalltau  # lazy: rendering stays cheap when no table is ranked
             t = kendalltau([o for o, _ in pairs], [p for _, p in pairs]).statistic
             tau = None if t != t else float(t)   # NaN (constant column) -> undefined
         out[col.id] = {"tau": tau, "n": len(pairs)}
