@@ -113,19 +113,27 @@ def _cmd_table(args) -> int:
         raise ValueError(f"no records: results folder {root.resolve()} does not exist "
                          f"(run without --no-run, or point --results / VARBENCH_RESULTS at your records)")
     out_dir = check_writable_dir(tables_out_dir(args.out), "table output folder")
+    if args.weight_free and args.no_run:
+        raise ValueError("--weight-free computes accounting records; it cannot be combined with --no-run")
     if not args.no_run:
         check_writable_dir(root, "results folder")
     for spec in specs:
         cells = table_cells(spec, world, n=args.n, seed=args.seed, sampling=_sampling_overrides(args),
-                            ckpt_dir=args.ckpt_dir, need_ckpt=not args.no_run)
+                            ckpt_dir=args.ckpt_dir, need_ckpt=not (args.no_run or args.weight_free))
         runs = unique_specs(cells)
-        if not args.no_run:
+        if args.weight_free:
+            from bench.runner import account
+            for i, rs in enumerate(runs):
+                print(f"[{spec.name} {i + 1}/{len(runs)}] weight-free accounting of {rs.label()}", file=sys.stderr)
+                account(rs, root)
+        elif not args.no_run:
             from bench.runner import preflight, run
             for rs in runs:
                 preflight(rs, root)
             for i, rs in enumerate(runs):
                 print(f"[{spec.name} {i + 1}/{len(runs)}] {rs.label()}", file=sys.stderr)
                 run(rs, root=root, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet)
+        from bench.records import load_accounting
         records = {r["run_id"]: r for r in _records(root, world).values()}
         found, stale = match_records(runs, records)
         if args.no_run:
@@ -133,7 +141,8 @@ def _cmd_table(args) -> int:
                 if rs.key() not in found:
                     why = " (stale records exist: `varbench runs --stale`)" if rs.key() in stale else ""
                     print(f"varbench: no record for {rs.label()}{why}", file=sys.stderr)
-        out = render(spec, world, cells, found, stale, out_dir=out_dir, formats=formats, force=args.force)
+        out = render(spec, world, cells, found, stale, out_dir=out_dir, formats=formats, force=args.force,
+                     accounting=load_accounting(root, world))
         if formats == ("json",):
             print(json.dumps(out["json"], indent=2, ensure_ascii=False))
         elif "md" in formats:
@@ -271,6 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "else tex, else json)")
     sp.add_argument("--out", default=None, help="output base folder (default: $VARBENCH_TABLES_OUT, else ./tables/out)")
     sp.add_argument("--no-run", action="store_true", help="render from existing records only")
+    sp.add_argument("--weight-free", action="store_true",
+                    help="run nothing: measure only the params/FLOPs of every cell on the meta device (no "
+                         "checkpoints or data needed, any world), write them as accounting records and render; "
+                         "cells with a run record keep its numbers")
     common(sp)
     sp.set_defaults(func=_cmd_table)
 

@@ -409,7 +409,62 @@ def record_paths(root: str | os.PathLike | None = None, world: Optional[str] = N
     if world:
         base = base / world
     pattern = "*/*/*.json" if world else "*/*/*/*.json"
-    return sorted(p for p in base.glob(pattern) if not p.name.startswith("."))
+    return sorted(p for p in base.glob(pattern)
+                  if not p.name.startswith(".") and not any(x.startswith("_") for x in p.relative_to(base).parts))
+
+
+# --------------------------------------------------------------------------------------------------
+# weight-free accounting records
+#
+# What needs no weights (parameter counts, FLOPs) is measured on the meta device for any model and
+# chain (``varbench table NAME --weight-free``), so that a table's params/FLOPs columns fill even
+# where checkpoints or data are absent (the paper world on a laptop). Such a record is not a run:
+# it lives in ``<results>/_accounting/<world>/<model>/<key>.json``, keyed by world, model, resolved
+# chain, method versions and sampling (no checkpoint, bench, n or seed), and holds only ``cost``.
+# A table cell uses it for weight-free columns only when its run record is missing (footnoted).
+
+WEIGHT_FREE_METRICS = ("params", "tokenizer_params", "flops", "flops_no_cfg")
+ACCOUNTING_KIND = "weight-free accounting"
+
+
+def accounting_key(spec: "RunSpec") -> str:
+    body = {"world": spec.world, "model": spec.model, "methods": list(spec.methods),
+            "method_versions": spec.method_versions, "sampling": dict(spec.sampling)}
+    return hashlib.sha256(_canonical_json(body).encode()).hexdigest()[:16]
+
+
+def accounting_path(root: str | os.PathLike | None, spec: "RunSpec") -> Path:
+    return results_root(root) / "_accounting" / spec.world / spec.model / f"{accounting_key(spec)}.json"
+
+
+def write_accounting(root: str | os.PathLike | None, spec: "RunSpec", cost: Mapping[str, Any]) -> Path:
+    """Write the weight-free accounting record of ``spec`` atomically."""
+    bad = sorted(k for k, v in cost.items() if k not in WEIGHT_FREE_METRICS or not _finite(v))
+    if bad:
+        raise ValueError(f"accounting record: only finite {', '.join(WEIGHT_FREE_METRICS)} are allowed, got {bad}")
+    rec = {"kind": ACCOUNTING_KIND, "key": accounting_key(spec), "world": spec.world, "model": spec.model,
+           "methods": list(spec.methods), "method_versions": spec.method_versions, "sampling": dict(spec.sampling),
+           "requested": spec.requested, "cost": dict(cost), "env": environment("meta"),
+           "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    path = accounting_path(root, spec)
+    atomic_write_text(path, json.dumps(rec, indent=2, allow_nan=False) + "\n")
+    return path
+
+
+def load_accounting(root: str | os.PathLike | None = None, world: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
+    """Every readable accounting record under ``root`` (of ``world``), keyed by its key; a file that
+    is not one (corrupt, edited) is skipped: accounting is cheap to redo."""
+    base = results_root(root) / "_accounting"
+    out = {}
+    for path in sorted(base.glob(f"{world}/*/*.json" if world else "*/*/*.json")):
+        try:
+            rec = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and rec.get("kind") == ACCOUNTING_KIND and isinstance(rec.get("cost"), dict) \
+                and rec.get("key") == path.stem:
+            out[rec["key"]] = rec
+    return out
 
 
 def iter_records(root: str | os.PathLike | None = None, world: Optional[str] = None,

@@ -487,13 +487,18 @@ def _cell_texts(ours: str, err: str, paper: str) -> Tuple[str, str]:
 
 def build_table(spec: TableSpec, world: str, cells: Sequence[Any], found: Mapping[str, Mapping[str, Any]],
                 stale: Optional[Mapping[str, Sequence[Mapping[str, Any]]]] = None,
-                row_notes: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+                row_notes: Optional[Mapping[str, str]] = None,
+                accounting: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Dict[str, Any]:
     """The table as data (the ``.json`` output); ``render`` turns it into text.
 
     ``cells``: the ``bench.plan.Cell`` of every (row, group) — its exact run spec or the reason it has
     none; ``found``: spec key -> record; ``stale``: spec key -> stale records of the same request
-    (each gets a footnote saying why it was not used); ``row_notes``: extra footnotes per row label.
+    (each gets a footnote saying why it was not used); ``row_notes``: extra footnotes per row label;
+    ``accounting``: weight-free accounting records by key (``bench.records.load_accounting``), used for
+    the params/FLOPs columns of cells that have no run record (footnoted).
     """
+    from bench.records import WEIGHT_FREE_METRICS, accounting_key
+    accounting = accounting or {}
     row_notes = dict(row_notes or {})
     stale = stale or {}
     labels = [r.label for r in spec.rows]
@@ -528,8 +533,16 @@ def build_table(spec: TableSpec, world: str, cells: Sequence[Any], found: Mappin
                     used.append(rec)
                 for text in rec.get("notes", []):
                     marks.append(notes.mark(text))
+            acc = None
+            if rec is None and cell is not None and cell.spec is not None:
+                acc = accounting.get(accounting_key(cell.spec))
             for col in group.columns:
                 got = _measure(rec, col.metric) if rec is not None else None
+                if got is None and acc is not None and col.metric in WEIGHT_FREE_METRICS:
+                    got = _measure(acc, col.metric)
+                    if got is not None:
+                        marks.append(notes.mark(f"{col.header}: weight-free accounting on the meta device "
+                                                f"(no run record yet; `varbench table --weight-free`)"))
                 ours = stderr = None
                 if got is not None:
                     ours = got[0] * col.scale if col.scale != 1.0 else got[0]
@@ -537,6 +550,8 @@ def build_table(spec: TableSpec, world: str, cells: Sequence[Any], found: Mappin
                 paper = spec.paper.get(row.label, {}).get(col.id)
                 cells_out[col.id] = {"ours": ours, "stderr": stderr, "paper": paper,
                                      "run_id": rec["run_id"] if rec is not None and got is not None else None,
+                                     "source": "run" if rec is not None and got is not None else (
+                                         "accounting" if got is not None else None),
                                      "methods": list(cell.spec.methods) if cell is not None and cell.spec else None}
         rows_out.append({"label": row.label, "status": "run" if model else ("paper-only" if row.paper_only else "no-model"),
                          "model": model, "footnotes": marks, "info": {c.id: row.info.get(c.id) for c in spec.info_columns},
@@ -555,7 +570,8 @@ def build_table(spec: TableSpec, world: str, cells: Sequence[Any], found: Mappin
         "table": spec.name, "title": spec.title, "caption": spec.caption, "world": world,
         "model": spec.model.get(world), "bench": bench,
         "n": sorted({r["spec"]["n"] for r in used}), "seed": sorted({r["spec"]["seed"] for r in used}),
-        "records": len(used), "measured_cells": sum(1 for r in rows_out for c in r["cells"].values() if c["ours"] is not None),
+        "records": len(used), "measured_cells": sum(1 for r in rows_out for c in r["cells"].values()
+                              if c["ours"] is not None and c["source"] == "run"),
         "git_commits": commits, "git_dirty": dirty,
         "rendered_at_commit": git_commit(),
         "row_header": spec.row_header,
@@ -714,7 +730,8 @@ def _had_cells(path: Path) -> bool:
 def render(spec: TableSpec | str, world: str, cells: Sequence[Any], found: Mapping[str, Mapping[str, Any]],
            stale: Optional[Mapping[str, Sequence[Mapping[str, Any]]]] = None,
            row_notes: Optional[Mapping[str, str]] = None, out_dir: Optional[str | os.PathLike] = None,
-           formats: Sequence[str] = FORMATS, force: bool = False) -> Dict[str, Any]:
+           formats: Sequence[str] = FORMATS, force: bool = False,
+           accounting: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Dict[str, Any]:
     """Render ``spec`` for ``world`` (arguments as ``build_table``).
 
     Writes ``<out_dir>/<world>/<name>.{md,tex,json}`` (``out_dir``: ``$VARBENCH_TABLES_OUT``, else
@@ -725,7 +742,7 @@ def render(spec: TableSpec | str, world: str, cells: Sequence[Any], found: Mappi
     if not isinstance(spec, TableSpec):
         spec = load_spec(spec)
     formats = check_formats(formats)
-    table = build_table(spec, world, cells, found, stale, row_notes)
+    table = build_table(spec, world, cells, found, stale, row_notes, accounting)
     out = tables_out_dir(out_dir) / world
     if not force and table["measured_cells"] == 0 and _had_cells(out / f"{spec.name}.json"):
         wanted = sorted({str(c.spec.label()) for c in cells if c.spec is not None})
@@ -749,10 +766,11 @@ def render_from_records(name: str, world: str = "tiny", root: Optional[str | os.
     """Render a table from the records under ``root`` (no runs, no torch). Checkpoint files absent
     here are matched on every other field of the spec."""
     from bench.plan import match_records, table_cells
-    from bench.records import load_records
+    from bench.records import load_accounting, load_records
 
     spec = load_spec(name)
     cells = table_cells(spec, world, n=n, seed=seed, sampling=sampling, need_ckpt=False)
     records = load_records(root, world) if records is None else records
     found, stale = match_records([c.spec for c in cells if c.spec is not None], records)
-    return render(spec, world, cells, found, stale, out_dir=out_dir, formats=formats, force=force)
+    return render(spec, world, cells, found, stale, out_dir=out_dir, formats=formats, force=force,
+                  accounting=load_accounting(root, world))

@@ -97,3 +97,17 @@ def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: 
     rec = make_record(spec, metrics, cost, timings, notes=ctx.notes, device=device)
     write_record(path, rec)
     return rec
+
+
+def account(spec: RunSpec, root=None) -> Dict:
+    """Weight-free accounting of ``spec`` on the meta device (no checkpoint, no data): parameter
+    counts and sampling FLOPs of the model after its method chain (recovery methods change no size
+    and are skipped). Writes and returns the accounting record (``bench.records.write_accounting``)."""
+    from bench.records import accounting_path, write_accounting
+    gen = MODELS.get(spec.model).build(device="meta")
+    gen = apply_chain(gen, spec.methods, Context(world=spec.world, seed=spec.seed, progress=False))
+    cost = {"params": count_params(gen.var), "tokenizer_params": count_params(gen.vae),
+            "flops": sampling_flops(gen, **spec.sampling),
+            "flops_no_cfg": sampling_flops(gen, **{**spec.sampling, "cfg": None})}
+    write_accounting(root, spec, cost)
+    return json.loads(accounting_path(root, spec).read_text())

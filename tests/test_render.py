@@ -68,8 +68,9 @@ def test_table2_cells_resolve_defaults_and_share_the_dense_run():
     assert set(mag.ckpt) == {"tiny_var.safetensors", "tiny_vqvae.safetensors"} and mag.protocol["version"] == 1
     ft = specs[("Magnitude", 2)]
     assert ft.methods[1].startswith("ft:batch=64,epochs=1.0,")
-    reasons = {c.row: c.reason for c in cells if c.reason}
-    assert "evar" in reasons["EVAR"] and "not implemented" in reasons["EVAR"]
+    assert not [c for c in cells if c.reason], "every method of Table 2 is implemented: every cell has a run"
+    evar = specs[("EVAR", 0)]
+    assert evar.methods[0].startswith("evar:") and "calib=pyramid" in evar.methods[0] and evar.method_versions == {"evar": 1}
 
 
 def test_table1_chains_skip_paper_only_and_missing_models():
@@ -117,7 +118,7 @@ def test_render_fills_exactly_the_cells_with_records(tmp_path):
     assert rows["Magnitude"]["cells"]["tf40_is"]["text"] == "7.00 / 3.90"
     assert rows["Magnitude"]["cells"]["tf20_fid"] == {
         "ours": None, "stderr": None, "paper": 152.29, "text": "/ 152.29", "tex": "/ 152.29",
-        "run_id": None, "methods": ["magnitude:norm=l2,schedule=uniform,scope=coupled,sparsity=0.2"]}
+        "run_id": None, "source": None, "methods": ["magnitude:norm=l2,schedule=uniform,scope=coupled,sparsity=0.2"]}
     assert [rows["Dense"]["cells"][c]["text"] for c in ("tf40_fid", "tf20_is", "ft40_fid")] == \
         ["3.00 / 3.55", "20.00 / 274.40", "3.00 / 3.55"]  # one dense run fills every group
     filled = [(r["label"], c) for r in out["json"]["rows"] for c, v in r["cells"].items() if v["ours"] is not None]
@@ -316,3 +317,29 @@ def test_kendall_tau_per_column_against_the_paper(tmp_path):
     assert f"{want:.2f} (n=4)" in out["md"] and "Kendall $\\tau$ vs paper" in out["tex"]
     md_rows = [ln for ln in out["md"].splitlines() if ln.startswith("|")]
     assert len({len(ln) for ln in md_rows}) == 1 and md_rows[-1].startswith("| Kendall τ vs paper")
+
+
+def test_weight_free_accounting_fills_params_anywhere_and_a_run_record_wins(tmp_path, capsys):
+    """`table --weight-free` measures params/FLOPs on the meta device (no checkpoints or data) and
+    writes accounting records that are not runs; cells use them only without a run record."""
+    from bench.cli import main
+    from bench.records import load_accounting, record_paths
+    res, out = tmp_path / "res", tmp_path / "out"
+    assert main(["table", "evar-table3", "--weight-free", "--results", str(res), "--out", str(out),
+                 "--format", "json"]) == 0
+    table = json.loads(capsys.readouterr().out)
+    rows = {r["label"]: r["cells"] for r in table["rows"]}
+    assert rows["Dense Baseline"]["params"]["ours"] == pytest.approx(2.874968)      # tiny-var, millions
+    # evar at 40% on tiny-var: 2 of 6 heads and 307 of 768 FFN channels leave each of the 4 blocks
+    removed = 4 * (2 * 32 * 4 * 192 + 2 * 2 * 32 + 2 + 307 * (2 * 192 + 1))
+    assert rows["Last scale only"]["params"]["ours"] == pytest.approx((2874968 - removed) / 1e6)
+    assert rows["Last scale only"]["params"]["source"] == "accounting" and rows["Last scale only"]["fid"]["ours"] is None
+    assert table["measured_cells"] == 0 and any("weight-free accounting" in f["text"] for f in table["footnotes"])
+    assert len(load_accounting(res, "tiny")) == 6 and record_paths(res) == []          # not runs
+    # a run record of the dense cell wins over its accounting
+    cells = table_cells(load_spec("evar-table3"), "tiny")
+    dense = next(c.spec for c in cells if c.row == "Dense Baseline")
+    write_record(dense.path(res), make_record(dense, {"fid": 1.5}, {"params": 3_000_000}, {}))
+    out_t = render_from_records("evar-table3", "tiny", root=res, out_dir=out, formats=("json",))["json"]
+    d = next(r for r in out_t["rows"] if r["label"] == "Dense Baseline")["cells"]
+    assert d["params"]["ours"] == pytest.approx(3.0) and d["params"]["source"] == "run" and d["fid"]["ours"] == 1.5
