@@ -66,7 +66,7 @@ def apply_chain(gen: Generator, specs: Sequence[str], ctx: Context) -> Generator
     """Apply the methods of a chain left to right (resolved first: a bad spec fails before any work)."""
     for spec in resolve_chain(list(specs)) if specs else ():
         m = build_method(spec)
-        if m.kind == "recovery" and gen.device.type == "meta":
+        if getattr(m, "kind", "") == "recovery" and gen.device.type == "meta":
             continue   # weight-free accounting: training changes no size
         gen = m.apply(gen, ctx)
         ctx.notes.extend(f"{m.name}: {d}" for d in m.deviations)

@@ -10,6 +10,7 @@ LAYERS = {
     "bench.registry": 0, "bench.checkpoint": 0, "bench.models.configs": 0,
     "bench.metrics.catalog": 0,
     "bench.models": 1, "bench.accounting": 1, "bench.prune": 1,
+    "bench.calib": 2, "bench.obs": 2, "bench.importance": 2, "bench.distill": 2,
     "bench.data": 2,
     "bench.metrics": 3,
     "bench.benches": 4,

@@ -105,9 +105,12 @@ def test_table_command_renders_records_and_says_why_rows_are_empty(tmp_path, cap
     dense = run(make_spec("tiny-var", [], n=24), root=tmp_path / "r", progress=False)
     assert main(["table", "evar-table2", "--n", "24", "--results", str(tmp_path / "r"), "--out",
                  str(tmp_path / "out"), "--quiet", "--no-run"]) == 0
-    md = capsys.readouterr().out
+    cap = capsys.readouterr()
+    md = cap.out
     assert "180.82" in md and "Magnitude" in md            # paper numbers beside ours
-    assert "not implemented in varbench yet" in md          # SlimGPT & co. until their issues land
+    # every missing run is named on stderr (here: all but the dense one)
+    assert "varbench: no record for tiny-var slimgpt:sparsity=0.4 @ shapes-c2i n=24 s0" in cap.err
+    assert "no record for tiny-var dense" not in cap.err
     js = json.loads((tmp_path / "out" / "tiny" / "evar-table2.json").read_text())
     dense_row = next(r for r in js["rows"] if r["label"] == "Dense")
     assert dense_row["cells"]["tf40_fid"]["ours"] == dense["metrics"]["fid"]["value"]
