@@ -71,6 +71,19 @@ def _sampling_overrides(args) -> dict:
     return {k: v for k, v in given.items() if v is not None}
 
 
+def _device(args, world: str) -> str:
+    """--device, else cuda for the paper world when there is one, else cpu (checked before any work)."""
+    import torch
+    dev = args.device or ("cuda" if world == "paper" and torch.cuda.is_available() else "cpu")
+    try:
+        d = torch.device(dev)
+    except RuntimeError as e:
+        raise ValueError(f"--device {dev!r}: {e}") from None
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {dev}: CUDA is not available on this machine (use --device cpu)")
+    return dev
+
+
 def _cmd_run(args) -> int:
     from bench.plan import make_spec
 
@@ -78,7 +91,8 @@ def _cmd_run(args) -> int:
                      sampling=_sampling_overrides(args), ckpt_dir=args.ckpt_dir)
     from bench.runner import run
 
-    rec = run(spec, root=args.results, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet)
+    rec = run(spec, root=args.results, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet,
+              device=_device(args, spec.world))
     print(json.dumps({"run_id": rec["run_id"], "path": str(spec.path(args.results)),
                       "methods": rec["spec"]["methods"],
                       "metrics": {k: v["value"] for k, v in rec["metrics"].items()},
@@ -132,7 +146,8 @@ def _cmd_table(args) -> int:
                 preflight(rs, root)
             for i, rs in enumerate(runs):
                 print(f"[{spec.name} {i + 1}/{len(runs)}] {rs.label()}", file=sys.stderr)
-                run(rs, root=root, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet)
+                run(rs, root=root, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet,
+                    device=_device(args, world))
         from bench.records import load_accounting
         records = {r["run_id"]: r for r in _records(root, world).values()}
         found, stale = match_records(runs, records)
@@ -252,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--force", action="store_true", help="rerun even if a record exists (table: also "
                         "replace a rendered table by an empty one)")
         sp.add_argument("--quiet", action="store_true", help="no progress bars")
+        sp.add_argument("--device", default=None, help="torch device for runs, e.g. cpu, cuda, cuda:1 (default: cuda "
+                        "in the paper world when available, else cpu; the tiny world's shipped numbers are CPU runs)")
         for key, flag in (("cfg", "--cfg"), ("top_k", "--top-k"), ("top_p", "--top-p")):
             typ, lo, hi, what = SAMPLING_PARAMS[key]
             sp.add_argument(flag, type=typ, default=None,

@@ -126,3 +126,13 @@ def test_two_token_methods_in_one_chain_are_a_clear_error(monkeypatch):
     assert resolve_chain(["toka", "magnitude"]) == ("toka", "magnitude:norm=l2,schedule=uniform,scope=coupled,sparsity=0.4")
     with pytest.raises(SpecError, match="one token-policy slot"):
         resolve_chain(["toka", "tokb"])
+
+
+def test_device_is_checked_before_any_work(tmp_path, capsys):
+    import torch
+    assert main(["run", "--model", "tiny-var", "--n", "12", "--device", "banana", "--results", str(tmp_path)]) == 2
+    assert "--device 'banana'" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["run", "--model", "tiny-var", "--n", "12", "--device", "cuda", "--results", str(tmp_path)]) == 2
+        assert "CUDA is not available" in capsys.readouterr().err
+    assert not any(tmp_path.rglob("*.json"))
