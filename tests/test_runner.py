@@ -5,6 +5,7 @@ import json
 import time
 
 import pytest
+import torch
 
 from bench.cli import main
 from bench.plan import make_spec, staleness
@@ -126,3 +127,29 @@ def test_table_command_renders_records_and_says_why_rows_are_empty(tmp_path, cap
 def test_unknown_table_name(capsys):
     assert main(["table", "evar-tabel2", "--no-run"]) == 2
     assert "did you mean 'evar-table2'" in capsys.readouterr().err
+
+
+def test_bench_data_is_tokenised_once_per_process_and_key():
+    """A table's runs share the tokenised training split (cached by model, checkpoint, bench, n, split)."""
+    from bench import runner
+
+    class Counting:
+        calls = 0
+
+        def data(self, n, split, vae):
+            Counting.calls += 1
+            return torch.arange(n), [torch.full((n, 1), Counting.calls)]
+
+    runner._DATA_CACHE.clear()
+    spec = make_spec("tiny-var", [], n=24)
+    b = Counting()
+    first = runner.cached_data(spec, b, None, 8, "train")
+    assert runner.cached_data(spec, b, None, 8, "train") is first and Counting.calls == 1
+    runner.cached_data(spec, b, None, 8, "calib")
+    runner.cached_data(spec, b, None, 16, "train")
+    other = make_spec("tiny-var", [], n=24, seed=1)      # the seed does not change the data
+    assert runner.cached_data(other, b, None, 8, "train") is first and Counting.calls == 3
+    for n in range(20, 20 + runner._DATA_CACHE_SIZE + 1):  # bounded
+        runner.cached_data(spec, b, None, n, "train")
+    assert len(runner._DATA_CACHE) == runner._DATA_CACHE_SIZE
+    runner._DATA_CACHE.clear()
