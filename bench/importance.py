@@ -142,6 +142,13 @@ def batch_hvps(gen: Generator, params: Blockwise, batches: List[Batch], progress
             yield len(labels) / n, _unflat([t.detach() for t in g], params), _unflat(h_theta, params)
 
 
+def zero_scores(gen: Generator) -> Tuple[Dict[int, torch.Tensor], Dict[int, torch.Tensor]]:
+    """float64 accumulators for per-block head and channel scores (sums over calibration batches)."""
+    blocks, dev = gen.var.blocks, gen.device
+    return ({i: torch.zeros(b.attn.H, dtype=torch.float64, device=dev) for i, b in enumerate(blocks)},
+            {i: torch.zeros(b.ffn.fc1.out_features, dtype=torch.float64, device=dev) for i, b in enumerate(blocks)})
+
+
 def unit_sums(block, elem: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     """Element-wise importances (one tensor per name in PRUNABLE) summed onto the block's units:
     (heads [H], channels [F]), in float64 (tens of thousands of terms per head)."""

@@ -83,6 +83,11 @@ class StructuredPruner(Method):
     """
     kind = "weights"
 
+    def __init__(self, **params: Any):
+        super().__init__(**params)
+        if self.params.get("schedule", "uniform") != "log":   # a note about the log schedule is only true when it is used
+            self.deviations = tuple(d for d in type(self).deviations if not d.startswith("schedule=log"))
+
     def sparsities(self, gen: Generator) -> List[float]:
         return block_sparsities(len(gen.var.blocks), self.sparsity, self.params.get("schedule", "uniform"))
 

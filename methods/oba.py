@@ -48,7 +48,7 @@ Deviations from OBA (also in ``deviations``):
 """
 import torch
 
-from bench.importance import batch_hvps, calib_data, prunable, split, unit_sums
+from bench.importance import batch_hvps, calib_data, prunable, split, unit_sums, zero_scores
 from bench.method import StructuredPruner
 from bench.registry import METHODS
 
@@ -72,9 +72,7 @@ class OBA(StructuredPruner):
         params = prunable(gen)
         batches = split(calib_data(ctx, self.n_calib, self.name), self.batch, gen.device)
         blocks = gen.var.blocks
-        heads = {i: torch.zeros(b.attn.H, dtype=torch.float64, device=gen.device) for i, b in enumerate(blocks)}
-        channels = {i: torch.zeros(b.ffn.fc1.out_features, dtype=torch.float64, device=gen.device)
-                    for i, b in enumerate(blocks)}
+        heads, channels = zero_scores(gen)
         for w, g, h_theta in batch_hvps(gen, params, batches, ctx.progress):
             for i, (b, p) in enumerate(zip(blocks, params)):
                 elem = {}

@@ -35,9 +35,8 @@ Deviations from the paper (also in ``deviations``):
   not scored (a log-temperature: zero is not its removal);
 * EVAR-code's own Taylor baseline (above), presumably what EVAR Tab. 2 reports, is not reproduced.
 """
-import torch
 
-from bench.importance import batch_grads, calib_data, mean_grad, prunable, split, unit_sums
+from bench.importance import batch_grads, calib_data, mean_grad, prunable, split, unit_sums, zero_scores
 from bench.method import StructuredPruner
 from bench.registry import METHODS
 
@@ -67,9 +66,7 @@ class Taylor(StructuredPruner):
             sums = [unit_sums(b, {k: (gb[k] * p[k].detach()).abs() for k in p}) for b, p, gb in zip(blocks, params, g)]
             heads, channels = ({i: s[j] for i, s in enumerate(sums)} for j in (0, 1))
         else:
-            heads = {i: torch.zeros(b.attn.H, dtype=torch.float64, device=gen.device) for i, b in enumerate(blocks)}
-            channels = {i: torch.zeros(b.ffn.fc1.out_features, dtype=torch.float64, device=gen.device)
-                        for i, b in enumerate(blocks)}
+            heads, channels = zero_scores(gen)
             for w, g in batch_grads(gen, params, batches, "taylor", ctx.progress):
                 for i, (b, p, gb) in enumerate(zip(blocks, params, g)):
                     h_H, c_F = unit_sums(b, {k: gb[k] * p[k].detach() for k in p})   # signed Σ g·w per unit

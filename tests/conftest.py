@@ -21,6 +21,17 @@ def randomize_(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return module
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module's tests (``pytestmark = pytest.mark.usefixtures("one_thread")``):
+    the models are tiny, so thread synchronisation costs more than the arithmetic (10× on a busy
+    machine), and golden fixtures made on one thread keep one reduction order. Restored after."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def small_gen() -> Generator:
     torch.manual_seed(0)

@@ -18,13 +18,7 @@ BEGIN_ENDS = [(0, 1), (1, 5), (5, 14)]          # scales 1², 2², 3²
 N_K = torch.tensor([1.0, 4.0, 9.0])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These models are tiny: one thread is faster, and much faster on a loaded machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _logits(seed, B=2, L=14, V=7):

@@ -41,13 +41,7 @@ def _batches(data, batch):
     return [(labels[i:i + batch], [t[i:i + batch] for t in tokens]) for i in range(0, len(labels), batch)]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These models are tiny: with the CPU shared, thread synchronisation costs more than the arithmetic."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

@@ -232,3 +232,9 @@ def test_magnitude_norm_and_scope_choose_different_units(norm, scope, role):
         expected = (role + b) % 4   # the unit of block b that has this role
         assert _kept(d, p, "head") == [expected], (norm, scope, b)
         assert _kept(d, p, "channel") == [expected], (norm, scope, b)
+
+
+@pytest.mark.parametrize("name", ["evar", "slimgpt"])
+def test_the_log_schedule_note_appears_only_when_the_schedule_is_log(name):
+    notes = lambda spec: [d for d in build_method(spec).deviations if d.startswith("schedule=log")]  # noqa: E731
+    assert notes(f"{name}:schedule=log") and not notes(f"{name}:schedule=uniform")

@@ -16,14 +16,7 @@ from bench.prune import block_sparsities
 from bench.registry import METHODS
 from tests.conftest import SMALL_VAE, SMALL_VAR, randomize_
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small matrices: one intra-op thread is fastest, and far faster on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _data(gen, n, seed=1):

@@ -70,13 +70,7 @@ def _part(tensors: dict, prefix: str) -> dict:
             for k, v in tensors.items() if k.startswith(prefix)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One reduction order for the CPU kernels (the fixture was made with one thread)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -22,13 +22,7 @@ from tests.conftest import SMALL_VAE, SMALL_VAR, randomize_
 LOG100 = math.log(100)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The models are tiny: one intra-op thread is fastest, and far faster on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ------------------------------------------------------------------ hand-written references
