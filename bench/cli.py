@@ -86,7 +86,10 @@ def _device(args, world: str) -> str:
 
 def _cmd_run(args) -> int:
     from bench.plan import make_spec
+    from bench.registry import BENCHES
 
+    if args.bench and BENCHES.get(args.bench).kind != "images":
+        raise ValueError(f"--bench {args.bench} is not an image bench: run it with `varbench {args.bench}`")
     spec = make_spec(args.model, args.method, bench=args.bench, n=args.n, seed=args.seed, world=args.world,
                      sampling=_sampling_overrides(args), ckpt_dir=args.ckpt_dir)
     from bench.runner import run
@@ -164,6 +167,82 @@ def _cmd_table(args) -> int:
             print(out["md"])
         else:
             print(out["tex"])
+    return 0
+
+
+def _cmd_latency(args) -> int:
+    from bench.plan import requested_chain
+    from bench.registry import MODELS
+    card = MODELS.get(args.model)
+    world = args.world or card.world
+    if (args.device or "").split(":")[0] == "coreml":
+        import platform
+        if platform.system() != "Darwin":
+            print("varbench: error: --device coreml runs on macOS only (Core ML loads and runs there); on this "
+                  f"machine ({platform.system()}) use --device cpu or cuda", file=sys.stderr)
+            return 2
+        print("varbench: error: --device coreml: not in this varbench yet (export and op counts come with "
+              "`varbench coreml`)", file=sys.stderr)
+        return 2
+    device = _device(args, world)
+    chains = [" + ".join(requested_chain(m)) or "dense" for m in (args.method or ["dense"])]
+    labels = chains
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"--method given twice with the same chain: {labels}")
+    from bench.latency import latency_specs, report, run_latency
+    setting = dict(device=device, batch=args.batch, threads=args.threads, compile=args.compile, warmup=args.warmup)
+    specs = latency_specs(args.model, chains, args.reps, args.seed, setting, world=world, ckpt_dir=args.ckpt_dir,
+                          random_weights=args.random_weights, sampling=_sampling_overrides(args))
+    records = run_latency(specs, root=args.results, ckpt_dir=args.ckpt_dir, force=args.force,
+                          progress=not args.quiet)
+    print(report(specs, records, labels))
+    for spec in specs:
+        print(f"record: {spec.path(args.results)}")
+    return 0
+
+
+def _cmd_coreml(args) -> int:
+    if args.action == "ops":
+        from bench.coreml import op_counts, weights_bytes
+        counts = op_counts(args.package)
+        if args.json:
+            print(json.dumps({"functions": counts, "weights_bytes": weights_bytes(args.package)}))
+            return 0
+        total = {}
+        for ops in counts.values():
+            for t, n in ops.items():
+                total[t] = total.get(t, 0) + n
+        names = list(counts)
+        print(f"{args.package}: {len(names)} functions, weights {weights_bytes(args.package) / 2 ** 20:.2f} MiB")
+        print(f"{'op type':22s} {'total':>7s} " + " ".join(f"{n[:9]:>9s}" for n in names))
+        for t in sorted(total, key=lambda k: (-total[k], k)):
+            print(f"{t:22s} {total[t]:7d} " + " ".join(f"{counts[n].get(t, 0):9d}" for n in names))
+        non_const = {n: sum(v for t, v in ops.items() if t != "const") for n, ops in counts.items()}
+        print(f"{'ops (without const)':22s} {sum(non_const.values()):7d} " + " ".join(f"{non_const[n]:9d}" for n in names))
+        return 0
+    # export
+    from bench.plan import RANDOM_CKPT, make_spec
+    out = args.out
+    if not str(out).endswith(".mlpackage"):
+        raise ValueError(f"--out {out}: a Core ML package path must end in .mlpackage")
+    if args.batch < 1:
+        raise ValueError(f"--batch {args.batch}: must be ≥ 1")
+    spec = make_spec(args.model, args.method, bench="latency", n=3, seed=args.seed, world=args.world,
+                     ckpt_dir=args.ckpt_dir, need_ckpt=not args.random_weights)
+    if args.random_weights:
+        import dataclasses
+        spec = dataclasses.replace(spec, ckpt={RANDOM_CKPT: f"torch.manual_seed({args.seed})"})
+    from bench.coreml import _ct, export, op_counts, weights_bytes
+    _ct()   # coremltools present, before any model work
+    from bench.runner import prepared_generator
+    gen, ctx, _ = prepared_generator(spec, "cpu", args.ckpt_dir, progress=not args.quiet)
+    meta = {"model": spec.model, "methods": list(spec.methods), "ckpt": spec.ckpt, "batch": args.batch,
+            "precision": args.precision, "patch_nums": list(gen.patch_nums), "notes": ctx.notes}
+    path = export(gen, out, batch=args.batch, precision=args.precision, progress=not args.quiet, metadata=meta)
+    counts = op_counts(path)
+    print(f"wrote {path}: functions {', '.join(counts)}; "
+          f"{sum(v for ops in counts.values() for t, v in ops.items() if t != 'const')} ops (without const), "
+          f"weights {weights_bytes(path) / 2 ** 20:.2f} MiB ({args.precision})")
     return 0
 
 
@@ -303,6 +382,64 @@ def build_parser() -> argparse.ArgumentParser:
                          "cells with a run record keep its numbers")
     common(sp)
     sp.set_defaults(func=_cmd_table)
+
+    sp = sub.add_parser("latency", help="time full generations (all scales, CFG, decode) of a model with method "
+                        "chains, alternated; one record each",
+                        description="Times one full class-conditional generation of --batch images (every scale, "
+                                    "CFG on, VQVAE decode included) after --warmup untimed ones, --reps times per "
+                                    "configuration. Several --method options are compared in one run, alternated "
+                                    "(order rotated per repetition); ratios are ratios of medians. Prints median, "
+                                    "IQR, p90, a 95% bootstrap CI of the median, images/s, peak memory and a "
+                                    "per-scale breakdown; writes one record per configuration "
+                                    "(<results>/<world>/<model>/latency/<key>.json).")
+    sp.add_argument("--model", required=True, help="registered model (varbench list models)")
+    sp.add_argument("--method", action="append", default=None,
+                    help="method chain to time; give it several times to compare (default: dense). "
+                         "'dense' is the unmodified model")
+    sp.add_argument("--device", default=None, help="cpu, cuda, cuda:N, or coreml (macOS only) (default: cuda in "
+                    "the paper world when available, else cpu)")
+    sp.add_argument("--batch", type=int, default=1, help="images per generation (default 1: latency of one image)")
+    sp.add_argument("--reps", type=int, default=10, help="timed generations per configuration, ≥ 3 (default 10)")
+    sp.add_argument("--warmup", type=int, default=2, help="untimed generations first, ≥ 1 (default 2)")
+    sp.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: all cores); recorded")
+    sp.add_argument("--compile", action="store_true", help="wrap each transformer block in torch.compile "
+                    "(compile time reported separately)")
+    sp.add_argument("--random-weights", action="store_true", help="seeded random weights instead of the "
+                    "checkpoint (timing needs no trained weights; data-free methods only make sense)")
+    sp.add_argument("--world", choices=WORLDS, default=None, help="default: the model's world")
+    sp.add_argument("--seed", type=_seed, default=0, help="seed of the weights (--random-weights) and of sampling")
+    sp.add_argument("--force", action="store_true", help="measure again even if records exist")
+    sp.add_argument("--quiet", action="store_true", help="no progress bars")
+    for key, flag in (("cfg", "--cfg"), ("top_k", "--top-k"), ("top_p", "--top-p")):
+        typ, lo, hi, what = SAMPLING_PARAMS[key]
+        sp.add_argument(flag, type=typ, default=None, help=f"{what}; [{lo}, {hi}] (default: the model's)")
+    results(sp)
+    sp.set_defaults(func=_cmd_latency)
+
+    sp = sub.add_parser("coreml", help="export a generator as a Core ML package; count its ops (Linux or macOS)",
+                        description="export: the generator (after an optional method chain) as one Core ML ML "
+                                    "program with a fixed-shape function per scale (scale_0 … scale_K-1) and a "
+                                    "decode function over shared states (KV caches, f_hat); sampling stays on the "
+                                    "host. Conversion needs coremltools, not a Mac. ops: op counts per type and "
+                                    "per function, read from a saved package (the proxy for EVAR Table 5's op "
+                                    "columns).")
+    csub = sp.add_subparsers(dest="action", required=True, metavar="ACTION")
+    ex = csub.add_parser("export", help="convert a model (+ method chain) to X.mlpackage")
+    ex.add_argument("model", help="registered model (varbench list models)")
+    ex.add_argument("--method", default=None, help="method chain applied first (weights methods), e.g. "
+                    "'magnitude:sparsity=0.4'")
+    ex.add_argument("--out", required=True, help="package path, ending in .mlpackage (replaced if it exists)")
+    ex.add_argument("--batch", type=int, default=1, help="images per generation the functions are shaped for (default 1)")
+    ex.add_argument("--precision", choices=("fp16", "fp32"), default="fp16", help="weights and compute (default fp16)")
+    ex.add_argument("--random-weights", action="store_true", help="seeded random weights instead of the checkpoint")
+    ex.add_argument("--world", choices=WORLDS, default=None, help="default: the model's world")
+    ex.add_argument("--seed", type=_seed, default=0, help="seed of the random weights and of data-driven methods")
+    ex.add_argument("--quiet", action="store_true", help="no progress bars")
+    ex.add_argument("--ckpt-dir", default=None, help="checkpoint folder (paper world; else $VARBENCH_CKPT_DIR)")
+    ops = csub.add_parser("ops", help="count the ops of a saved package, per type and per function")
+    ops.add_argument("package", help="path of an .mlpackage")
+    ops.add_argument("--json", action="store_true", help="print {functions: {name: {op: count}}, weights_bytes}")
+    sp.set_defaults(func=_cmd_coreml)
 
     sp = sub.add_parser("runs", help="list records (spec, metrics, age, stale or not); prune stale ones",
                         description="A record is stale when its request, made again today, would give another "

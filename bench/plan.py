@@ -36,11 +36,12 @@ def requested_chain(methods: str | Sequence[str] | None) -> List[str]:
 def make_spec(model: str, methods: str | Sequence[str] | None = (), bench: Optional[str] = None,
               n: Optional[int] = None, seed: int = 0, sampling: Optional[Mapping[str, Any]] = None,
               world: Optional[str] = None, ckpt_dir: Optional[str | os.PathLike] = None,
-              need_ckpt: bool = True) -> RunSpec:
+              need_ckpt: bool = True, bench_args: Optional[Mapping[str, Any]] = None) -> RunSpec:
     """A complete, checked run spec. ``sampling`` holds overrides of the model's defaults.
 
     ``need_ckpt=False``: if the checkpoint files are not on this machine, ``ckpt`` is left null
     (enough to look records up by everything else, e.g. to render tables from synced results).
+    ``bench_args``: the bench's setting where it has one (the latency bench: device, batch, …).
     """
     card = MODELS.get(model)
     world = world or card.world
@@ -48,7 +49,7 @@ def make_spec(model: str, methods: str | Sequence[str] | None = (), bench: Optio
         raise ValueError(f"unknown world {world!r}; expected one of {', '.join(defaults.WORLDS)}")
     bench_name = bench or DEFAULT_BENCH[world]
     bench_cls = BENCHES.get(bench_name)
-    if bench_cls.world != world or card.world != world:
+    if bench_cls.world not in (world, "any") or card.world != world:
         raise ValueError(f"world mismatch: world {world}, model {model} is {card.world}-world, "
                          f"bench {bench_name} is {bench_cls.world}-world")
     requested = requested_chain(methods if methods is not None else ())
@@ -65,7 +66,7 @@ def make_spec(model: str, methods: str | Sequence[str] | None = (), bench: Optio
         ckpt = None
     return RunSpec(world=world, model=model, methods=resolved, bench=bench_name, n=n, seed=seed,
                    sampling=full_sampling, ckpt=ckpt, method_versions=chain_versions(resolved),
-                   protocol=bench_cls().identity(), requested={"methods": requested, "sampling": overrides})
+                   protocol=bench_cls(**dict(bench_args or {})).identity(), requested={"methods": requested, "sampling": overrides})
 
 
 def missing_methods(methods: Iterable[str]) -> List[str]:
@@ -75,6 +76,8 @@ def missing_methods(methods: Iterable[str]) -> List[str]:
 
 # --------------------------------------------------------------------------------------------------
 # staleness
+
+RANDOM_CKPT = "random-init"   # the ckpt entry of a run on seeded random weights (no file loaded)
 
 
 @dataclass
@@ -110,10 +113,12 @@ def staleness(record: Mapping[str, Any], ckpt_dir: Optional[str | os.PathLike] =
     try:
         current = make_spec(s["model"], req.get("methods") or (), bench=s["bench"], n=s["n"], seed=s["seed"],
                             sampling=req.get("sampling") or {}, world=s["world"], ckpt_dir=ckpt_dir,
-                            need_ckpt=False)
+                            need_ckpt=False,
+                            bench_args=BENCHES.get(s["bench"]).args_from_protocol(s.get("protocol")))
     except (UnknownNameError, ValueError, CheckpointNotFound) as e:
         return Staleness(True, f"cannot be rerun as recorded: {e}".splitlines()[0])
-    ignore = ("ckpt",) if current.ckpt is None else ()
+    # random-init latency records (``varbench latency --random-weights``) name no checkpoint file
+    ignore = ("ckpt",) if current.ckpt is None or RANDOM_CKPT in (s.get("ckpt") or {}) else ()
     if RunSpec.from_dict(s).key(ignore) == current.key(ignore):
         return Staleness(False, "", current)
     return Staleness(True, _diff(s, current), current)

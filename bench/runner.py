@@ -116,6 +116,40 @@ def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: 
     return rec
 
 
+def prepared_generator(spec: RunSpec, device: str = "cpu", ckpt_dir=None, progress: bool = True):
+    """(generator with the spec's method chain applied, its Context, {load_s, methods_s}) for benches
+    that do not sample a bench's images (latency, Core ML export). Data-driven methods get the world's
+    default bench's data. A spec whose ``ckpt`` is ``{RANDOM_CKPT: …}`` gets seeded random weights."""
+    import dataclasses
+
+    from bench.plan import DEFAULT_BENCH, RANDOM_CKPT
+    t0 = time.perf_counter()
+    card = MODELS.get(spec.model)
+    random_init = RANDOM_CKPT in (spec.ckpt or {})
+    if random_init:
+        torch.manual_seed(spec.seed)          # the same weights for every chain of a comparison
+        gen = card.build(device=device).eval()
+    else:
+        if card.identity(ckpt_dir) != spec.ckpt:
+            raise ValueError(f"{spec.label()}: the checkpoint files changed since the spec was made")
+        gen = card(ckpt_dir=ckpt_dir, device=device).eval()
+    load_s = time.perf_counter() - t0
+    data_bench = BENCHES.get(DEFAULT_BENCH[spec.world])()
+    data_spec = dataclasses.replace(spec, bench=data_bench.name, protocol=data_bench.identity())
+
+    def teacher():
+        if random_init:
+            torch.manual_seed(spec.seed)
+            return card.build(device=device).eval()
+        return card(ckpt_dir=ckpt_dir, device=device).eval()
+
+    ctx = Context(world=spec.world, seed=spec.seed, progress=progress, epoch_size=data_bench.epoch_size,
+                  data=lambda n, split: cached_data(data_spec, data_bench, gen.vae, n, split), teacher=teacher)
+    t1 = time.perf_counter()
+    gen = apply_chain(gen, spec.methods, ctx).eval().requires_grad_(False)
+    return gen, ctx, {"load_s": load_s, "methods_s": time.perf_counter() - t1}
+
+
 def account(spec: RunSpec, root=None) -> Dict:
     """Weight-free accounting of ``spec`` on the meta device (no checkpoint, no data): parameter
     counts and sampling FLOPs of the model after its method chain (recovery methods change no size

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 class Bench:
     name: str = ""
+    kind: str = "images"            # "images": sample and score images; "timing": the latency bench
     world: str = ""
     model: str = ""                 # the model this bench is run with by default
     num_classes: int = 0
@@ -52,6 +53,12 @@ class Bench:
     def identity(self) -> Dict[str, object]:
         """What the scores depend on besides the images: the protocol version and any files."""
         return {"version": self.version}
+
+    @classmethod
+    def args_from_protocol(cls, protocol) -> Dict[str, object]:
+        """Constructor arguments of the bench a recorded protocol came from (none: benches without a
+        setting; the latency bench keeps its device, batch, … there)."""
+        return {}
 
     def preflight(self) -> None:
         """Raise now (before any sampling) if a file ``evaluate`` will need is missing."""

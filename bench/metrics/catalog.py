@@ -63,9 +63,13 @@ for _m in (
     MetricInfo("tokenizer_params", "Tokenizer params", None, "{:,.0f}", "learnable parameters of the tokenizer"),
     MetricInfo("flops", "FLOPs", None, "{:.3g}", "transformer FLOPs to sample one image, CFG doubling included"),
     MetricInfo("flops_no_cfg", "FLOPs (no CFG)", None, "{:.3g}", "transformer FLOPs to sample one image without CFG"),
-    MetricInfo("latency_ms", "Latency (ms)", "lower", "{:.1f}", "wall-clock time to generate one image"),
+    MetricInfo("latency_ms", "Latency (ms)", "lower", "{:.1f}",
+               "median wall-clock time of one full generation of the latency bench's batch (batch 1: one image)"),
+    MetricInfo("peak_mem_mb", "Peak mem (MiB)", "lower", "{:.0f}",
+               "peak memory during the timed generations: CUDA max allocated, or the process's CPU RSS high-water mark"),
     MetricInfo("latency_ms_per_image", "ms / image", "lower", "{:.1f}",
                "sampling wall time of the run divided by its images (batched, this machine)"),
-    MetricInfo("images_per_s", "Images / s", "higher", "{:.2f}", "images sampled per second in the run (batched)"),
+    MetricInfo("images_per_s", "Images / s", "higher", "{:.2f}",
+               "throughput: images per second (a run's batched sampling, or the latency bench's batch / median)"),
 ):
     METRICS.register(_m.name, _m)

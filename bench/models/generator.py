@@ -74,12 +74,13 @@ class Generator(nn.Module):
     @torch.no_grad()
     def sample_tokens(self, labels_B: torch.Tensor, seed: Optional[int] = 0, cfg: Optional[float] = SAMPLING["cfg"],
                       top_k: int = SAMPLING["top_k"], top_p: float = SAMPLING["top_p"], more_smooth: bool = False,
-                      logits_hook: Optional[Callable[[int, torch.Tensor], None]] = None):
+                      logits_hook: Optional[Callable[[int, torch.Tensor], None]] = None, cache_adaln: bool = True):
         """Returns (token pyramid [list of B×pn² int64], f_hat). ``logits_hook(si, logits)`` sees the
         raw [cond; uncond] logits of every scale before CFG (used by tests and FID* tools).
 
         ``cfg=None`` samples without guidance on the conditional batch alone (no doubling); any number,
-        0 included, runs the official doubled batch."""
+        0 included, runs the official doubled batch. ``cache_adaln=False`` recomputes the AdaLN vectors
+        at every scale as the official loop does (same values; FLOP accounting counts that loop)."""
         var, quant = self.var, self.vae.quantize
         labels_B = labels_B.to(self.device)
         B, K = labels_B.shape[0], len(self.patch_nums)
@@ -90,19 +91,21 @@ class Generator(nn.Module):
         guided = cfg is not None
         cond_2BD = var.cond(torch.cat((labels_B, torch.full_like(labels_B, var.num_classes))) if guided else labels_B)
         lvl_pos_1LC = var.lvl_pos()
+        # The condition is the same at every scale: AdaLN once per generation, not once per scale.
+        blocks_ada, head_ada = var.ada_vectors(cond_2BD) if cache_adaln else (None, None)
         x_BLC = var.first_tokens(cond_2BD)
         f_hat = cond_2BD.new_zeros(B, var.Cvae, self.patch_nums[-1], self.patch_nums[-1])
         policy, tokens, cur_L = self.token_policy, [], 0
         policy.begin(B, self.patch_nums)
-        var.kv_caching(True)
+        var.kv_caching(True, max_len=var.L)   # one preallocated KV buffer per block
         try:
             for si, pn in enumerate(self.patch_nums):
                 ratio = si / (K - 1)
                 cur_L += pn * pn
                 policy.begin_scale(si, pn)
-                x_BLC = var.run_blocks(x_BLC, cond_2BD, None, policy.route(si))
+                x_BLC = var.run_blocks(x_BLC, cond_2BD, None, policy.route(si), blocks_ada)
                 policy.end_scale(si, x_BLC)
-                logits_2BlV = var.get_logits(x_BLC, cond_2BD)
+                logits_2BlV = var.get_logits(x_BLC, cond_2BD, head_ada)
                 if logits_hook is not None:
                     logits_hook(si, logits_2BlV)
                 if guided:

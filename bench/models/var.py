@@ -38,11 +38,32 @@ class SelfAttention(nn.Module):
         self.q_bias, self.v_bias = nn.Parameter(torch.zeros(H * c)), nn.Parameter(torch.zeros(H * c))
         self.register_buffer("zero_k_bias", torch.zeros(H * c))   # k has no bias (persistent: in the ckpt)
         self.proj = nn.Linear(H * c, C)
-        self.cached_k = self.cached_v = None
-        self.caching = False
+        self.kv_k = self.kv_v = None
+        self.kv_len, self.caching = 0, False
 
-    def kv_caching(self, enable: bool) -> None:
-        self.caching, self.cached_k, self.cached_v = enable, None, None
+    def kv_caching(self, enable: bool, max_len: int = 0) -> None:
+        """Next-scale inference: keys and values of earlier scales are kept. With ``max_len`` the cache
+        is one buffer of that many tokens, filled in place (no re-concatenation at every scale)."""
+        self.caching, self.kv_k, self.kv_v, self.kv_len = enable, None, None, 0
+        self.kv_max = max_len if enable else 0
+
+    def _cache(self, k_BHlc, v_BHlc):
+        """Append this scale's keys/values; returns everything cached so far."""
+        B, H, l, c = k_BHlc.shape
+        if self.kv_max:
+            if self.kv_k is None or self.kv_k.shape[0] != B:
+                self.kv_k = k_BHlc.new_empty(B, H, self.kv_max, c)
+                self.kv_v = v_BHlc.new_empty(B, H, self.kv_max, c)
+            end = self.kv_len + l
+            self.kv_k[:, :, self.kv_len:end] = k_BHlc
+            self.kv_v[:, :, self.kv_len:end] = v_BHlc
+            self.kv_len = end
+            return self.kv_k[:, :, :end], self.kv_v[:, :, :end]
+        if self.kv_k is not None:
+            k_BHlc = torch.cat((self.kv_k, k_BHlc), dim=2)
+            v_BHlc = torch.cat((self.kv_v, v_BHlc), dim=2)
+        self.kv_k, self.kv_v = k_BHlc, v_BHlc
+        return k_BHlc, v_BHlc
 
     def forward(self, x_BLC: torch.Tensor, attn_bias: Optional[torch.Tensor]) -> torch.Tensor:
         B, L, _ = x_BLC.shape
@@ -54,10 +75,7 @@ class SelfAttention(nn.Module):
             q_BHLc = F.normalize(q_BHLc, dim=-1).mul(scale_mul)
             k_BHLc = F.normalize(k_BHLc, dim=-1)
         if self.caching:  # next-scale inference: queries of this scale see all earlier scales
-            if self.cached_k is not None:
-                k_BHLc = torch.cat((self.cached_k, k_BHLc), dim=2)
-                v_BHLc = torch.cat((self.cached_v, v_BHLc), dim=2)
-            self.cached_k, self.cached_v = k_BHLc, v_BHLc
+            k_BHLc, v_BHLc = self._cache(k_BHLc, v_BHLc)
         mask = None if attn_bias is None else attn_bias.to(q_BHLc.dtype)
         o_BHLc = F.scaled_dot_product_attention(q_BHLc, k_BHLc, v_BHLc, attn_mask=mask, scale=self.scale)
         return self.proj(o_BHLc.transpose(1, 2).reshape(B, L, self.H * self.c))
@@ -102,11 +120,16 @@ class AdaLNSelfAttn(nn.Module):
         else:
             self.ada_lin = nn.Sequential(nn.SiLU(inplace=False), nn.Linear(C, 6 * C))
 
-    def forward(self, x_BLC, cond_BD, attn_bias, route: Route = None):
+    def ada(self, cond_BD) -> torch.Tensor:
+        """The six AdaLN vectors [B, 1, 6, C] of this block for a condition (shared: cond_BD is already
+        the shared projection)."""
         if self.shared_aln:
-            ada_B16C = self.ada_gss + cond_BD
-        else:
-            ada_B16C = self.ada_lin(cond_BD).view(-1, 1, 6, self.C)
+            return self.ada_gss + cond_BD
+        return self.ada_lin(cond_BD).view(-1, 1, 6, self.C)
+
+    def forward(self, x_BLC, cond_BD, attn_bias, route: Route = None, ada_B16C=None):
+        if ada_B16C is None:
+            ada_B16C = self.ada(cond_BD)
         gamma1, gamma2, scale1, scale2, shift1, shift2 = ada_B16C.unbind(2)  # official chunk order
         attn = lambda h: self.attn(h, attn_bias)  # noqa: E731
         h = self.ln_wo_grad(x_BLC).mul(scale1.add(1)).add_(shift1)
@@ -124,8 +147,11 @@ class AdaLNBeforeHead(nn.Module):
         self.ln_wo_grad = nn.LayerNorm(C, eps=eps, elementwise_affine=False)
         self.ada_lin = nn.Sequential(nn.SiLU(inplace=False), nn.Linear(C, 2 * C))
 
-    def forward(self, x_BLC, cond_BD):
-        scale, shift = self.ada_lin(cond_BD).view(-1, 1, 2, self.C).unbind(2)
+    def ada(self, cond_BD) -> torch.Tensor:
+        return self.ada_lin(cond_BD).view(-1, 1, 2, self.C)
+
+    def forward(self, x_BLC, cond_BD, ada_B12C=None):
+        scale, shift = (self.ada(cond_BD) if ada_B12C is None else ada_B12C).unbind(2)
         return self.ln_wo_grad(x_BLC).mul(scale.add(1)).add_(shift)
 
 
@@ -173,14 +199,24 @@ class VAR(nn.Module):
     def cond(self, label_B: torch.Tensor) -> torch.Tensor:
         return self.class_emb(label_B)
 
-    def run_blocks(self, x_BLC, cond_BD, attn_bias=None, route: Route = None):
-        cond = self.shared_ada_lin(cond_BD)
-        for b in self.blocks:
-            x_BLC = b(x_BLC, cond, attn_bias, route)
+    def run_blocks(self, x_BLC, cond_BD, attn_bias=None, route: Route = None, ada=None):
+        """All blocks. ``ada``: the AdaLN vectors of ``ada_vectors(cond_BD)``, computed once per
+        generation (the condition does not change across scales; official recomputes them per scale)."""
+        if ada is None:
+            cond = self.shared_ada_lin(cond_BD)
+            ada = [b.ada(cond) for b in self.blocks]
+        for b, ada_B16C in zip(self.blocks, ada):
+            x_BLC = b(x_BLC, cond_BD, attn_bias, route, ada_B16C)
         return x_BLC
 
-    def get_logits(self, x_BLC, cond_BD) -> torch.Tensor:
-        return self.head(self.head_nm(x_BLC.float(), cond_BD).float()).float()
+    def ada_vectors(self, cond_BD):
+        """(per-block AdaLN vectors, head AdaLN vectors) of a condition: what ``run_blocks`` and
+        ``get_logits`` would compute from it, for reuse at every scale of a generation."""
+        cond = self.shared_ada_lin(cond_BD)
+        return [b.ada(cond) for b in self.blocks], self.head_nm.ada(cond_BD.float())
+
+    def get_logits(self, x_BLC, cond_BD, head_ada=None) -> torch.Tensor:
+        return self.head(self.head_nm(x_BLC.float(), cond_BD, head_ada).float()).float()
 
     def lvl_pos(self) -> torch.Tensor:
         return self.lvl_embed(self.lvl_1L) + self.pos_1LC   # 1, L, C
@@ -191,9 +227,9 @@ class VAR(nn.Module):
         return cond_BD.unsqueeze(1).expand(B, self.first_l, -1) + self.pos_start.expand(B, -1, -1) \
             + self.lvl_pos()[:, :self.first_l]
 
-    def kv_caching(self, enable: bool) -> None:
+    def kv_caching(self, enable: bool, max_len: int = 0) -> None:
         for b in self.blocks:
-            b.attn.kv_caching(enable)
+            b.attn.kv_caching(enable, max_len)
 
     # --------------------------------------------------------------- teacher forcing (training, calibration)
     def forward(self, label_B: torch.Tensor, x_BLCv_wo_first_l: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,47 @@
+"""The latency bench's declaration (torch-free): its protocol is documented and run in
+``bench.latency``; ``varbench latency`` is its command. The setting (device, batch, threads, compile,
+warm-up) is part of the protocol, hence of every record's key."""
+from __future__ import annotations
+
+import os
+from typing import Dict, Mapping, Optional
+
+from bench.benches.base import Bench
+from bench.registry import BENCHES
+
+
+@BENCHES.register("latency")
+class LatencyBench(Bench):
+    """Wall-clock latency of one full generation (all scales, CFG, decode) on one device."""
+    name, kind, world, version = "latency", "timing", "any", 1
+    metrics = ("latency_ms", "images_per_s", "peak_mem_mb")
+    default_n = 10          # timed generations
+    num_classes = 1
+
+    def __init__(self, device: str = "cpu", batch: int = 1, threads: Optional[int] = None, compile: bool = False,
+                 warmup: int = 2):
+        if batch < 1:
+            raise ValueError(f"--batch {batch}: must be ≥ 1")
+        if warmup < 1:
+            raise ValueError(f"--warmup {warmup}: must be ≥ 1 (the first generation allocates and warms caches)")
+        if threads is not None and threads < 1:
+            raise ValueError(f"--threads {threads}: must be ≥ 1")
+        self.device, self.batch, self.compile, self.warmup = device, batch, compile, warmup
+        self.threads = threads if threads is not None else (os.cpu_count() or 1)
+
+    def identity(self) -> Dict[str, object]:
+        dev = self.device.split(":")[0]
+        return {"version": self.version, "device": dev, "batch": self.batch,
+                "threads": self.threads if dev == "cpu" else None, "compile": self.compile, "warmup": self.warmup}
+
+    @classmethod
+    def check_n(cls, n) -> int:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 3:
+            raise ValueError(f"--reps {n!r}: at least 3 timed generations are needed for a median and an IQR")
+        return n
+
+    @classmethod
+    def args_from_protocol(cls, protocol: Optional[Mapping]) -> Dict[str, object]:
+        """The constructor arguments a recorded protocol was made with (to re-make its spec)."""
+        p = dict(protocol or {})
+        return {k: p[k] for k in ("device", "batch", "threads", "compile", "warmup") if p.get(k) is not None}

@@ -1,0 +1,252 @@
+"""Core ML export of a VAR generator, and op counts of a saved package (both work on Linux).
+
+The package is one ML program with a function per scale, ``scale_0`` … ``scale_{K-1}``, and a
+``decode`` function, all over the same states (``ct.StateType``): the key and value cache of every
+block ``k_cache_{i}``/``v_cache_{i}`` [2B, H_i, L, c] and the latent ``f_hat`` [B, Cvae, P, P].
+The host keeps the loop that Core ML cannot express well (seeded top-k/top-p sampling, CFG mixing):
+
+    logits = scale_0(label)                        # class embedding, start tokens, blocks, head
+    for si in 1 … K-1:
+        idx = sample(cfg_mix(logits, si))           # on the host
+        logits = scale_si(label, idx)               # f_hat += φ(up(embed(idx))), next input, blocks
+    image = decode(sample(cfg_mix(logits, K-1)))   # f_hat += φ(embed(idx)), VQVAE decoder
+
+Inside a function everything is fixed-shape: scale si writes its keys and values at the static
+positions [begin_si, end_si) of the cache and attends over [0, end_si) with an explicit
+``softmax(q·kᵀ·scale)·v`` (one fixed attention form, so op counts are stable), the AdaLN vectors
+are computed from the label as official. The bicubic upsampling of the quantiser (Core ML has no
+bicubic) and the area downsampling are constant matrices, built by applying PyTorch's own
+``F.interpolate`` to a basis, so they are the same linear maps. fp16 weights and activations by
+default (``precision="fp32"`` keeps fp32).
+
+Deviations from the design it follows: the per-scale functions are traced and converted one by one
+with static shapes and merged with ``coremltools.utils.save_multifunction``, which stores each
+distinct weight once, rather than materialised from one bounded-shape program (the cache offsets
+differ per scale, so the scales are not one program with different shapes). Token policies are not
+exported (a method must change weights only).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+PRECISIONS = ("fp16", "fp32")
+
+
+def interp_matrix(src: int, dst: int, mode: str) -> torch.Tensor:
+    """[dst², src²] matrix M with interpolate(h, (dst, dst), mode).flatten() == M @ h.flatten() per channel."""
+    basis = torch.eye(src * src, dtype=torch.float64).view(src * src, 1, src, src)
+    out = F.interpolate(basis, size=(dst, dst), mode=mode)
+    return out.view(src * src, dst * dst).T.float().contiguous()
+
+
+class _Export(nn.Module):
+    """Shared pieces: the generator, its states, the quantiser step."""
+
+    def __init__(self, gen, batch: int):
+        super().__init__()
+        var, vae = gen.var, gen.vae
+        self.var, self.vae, self.B = var, vae, batch
+        self.K, self.P, self.L = len(gen.patch_nums), gen.patch_nums[-1], var.L
+        for i, b in enumerate(var.blocks):
+            shape = (2 * batch, b.attn.H, var.L, b.attn.c)
+            self.register_buffer(f"k_cache_{i}", torch.zeros(shape))
+            self.register_buffer(f"v_cache_{i}", torch.zeros(shape))
+        self.register_buffer("f_hat", torch.zeros(batch, var.Cvae, self.P, self.P))
+
+    uses = ("k_cache_", "v_cache_", "f_hat")   # the states this function reads or writes
+
+    def state_shapes(self) -> Dict[str, tuple]:
+        return {n: tuple(b.shape) for n, b in self.named_buffers() if n.startswith(self.uses)}
+
+    def add_scale(self, si: int, idx_Bl: torch.Tensor, first: bool) -> None:
+        """f_hat (+)= φ_si(up(embed(idx))) (official ``get_next_autoregressive_input``); ``first``
+        overwrites, so no zeroing of the state is needed between generations."""
+        quant, B, C = self.vae.quantize, self.B, self.var.Cvae
+        h_BCl = quant.embedding(idx_Bl).transpose(1, 2)
+        if si != self.K - 1:
+            up = getattr(self, f"up_{si}")
+            h_BCl = h_BCl @ up.T
+        h_BChw = quant.quant_resi[si](h_BCl.reshape(B, C, self.P, self.P))
+        if first:
+            self.f_hat[:] = h_BChw
+        else:
+            self.f_hat.add_(h_BChw)
+
+
+def _attention(attn, x_BLC, k_cache, v_cache, begin: int, end: int):
+    """SelfAttention.forward with the cache written at static positions and an explicit softmax."""
+    B, L, _ = x_BLC.shape
+    bias = torch.cat((attn.q_bias, attn.zero_k_bias, attn.v_bias))
+    qkv = F.linear(x_BLC, attn.mat_qkv.weight, bias).view(B, L, 3, attn.H, attn.c).permute(2, 0, 3, 1, 4)
+    q_BHLc, k_BHLc, v_BHLc = qkv[0], qkv[1], qkv[2]
+    if attn.l2_norm:
+        q_BHLc = F.normalize(q_BHLc, dim=-1) * attn.scale_mul_1H11.clamp_max(attn.max_scale_mul).exp()
+        k_BHLc = F.normalize(k_BHLc, dim=-1)
+    k_cache[:, :, begin:end] = k_BHLc
+    v_cache[:, :, begin:end] = v_BHLc
+    w_BHLl = torch.softmax((q_BHLc @ k_cache[:, :, :end].transpose(-1, -2)) * attn.scale, dim=-1)
+    o_BHLc = w_BHLl @ v_cache[:, :, :end]
+    return attn.proj(o_BHLc.transpose(1, 2).reshape(B, L, attn.H * attn.c))
+
+
+class ScaleStep(_Export):
+    """Function ``scale_{si}``: (label [B], tokens of scale si−1 [B, pn²]) → logits [2B, pn², V]."""
+
+    def __init__(self, gen, si: int, batch: int = 1):
+        super().__init__(gen, batch)
+        self.si = si
+        if si == 0:
+            self.uses = ("k_cache_", "v_cache_")
+        pns = gen.patch_nums
+        if si > 0 and si - 1 != self.K - 1:
+            self.register_buffer(f"up_{si - 1}", interp_matrix(pns[si - 1], self.P, "bicubic"), persistent=False)
+        if si > 0:
+            self.register_buffer("down", interp_matrix(self.P, pns[si], "area"), persistent=False)
+
+    def forward(self, label_B: torch.Tensor, idx_Bl: Optional[torch.Tensor] = None) -> torch.Tensor:
+        var, si, B = self.var, self.si, self.B
+        label_B = label_B.long()
+        cond_2BD = var.cond(torch.cat((label_B, torch.full_like(label_B, var.num_classes))))
+        begin, end = var.begin_ends[si]
+        if si == 0:
+            x_BLC = var.first_tokens(cond_2BD)
+        else:
+            self.add_scale(si - 1, idx_Bl.long(), first=si == 1)
+            nxt_BCl = self.f_hat.reshape(B, var.Cvae, self.P * self.P) @ self.down.T
+            x_BLC = var.word_embed(nxt_BCl.transpose(1, 2)) + var.lvl_pos()[:, begin:end]
+            x_BLC = torch.cat((x_BLC, x_BLC))
+        cond = var.shared_ada_lin(cond_2BD)
+        for i, b in enumerate(var.blocks):
+            ada = b.ada(cond)
+            gamma1, gamma2, scale1, scale2, shift1, shift2 = ada.unbind(2)
+            h = b.ln_wo_grad(x_BLC) * (scale1 + 1) + shift1
+            x_BLC = x_BLC + _attention(b.attn, h, getattr(self, f"k_cache_{i}"), getattr(self, f"v_cache_{i}"),
+                                       begin, end) * gamma1
+            h = b.ln_wo_grad(x_BLC) * (scale2 + 1) + shift2
+            x_BLC = x_BLC + b.ffn(h) * gamma2
+        return var.get_logits(x_BLC, cond_2BD)
+
+
+class Decode(_Export):
+    """Function ``decode``: tokens of the last scale [B, P²] → image [B, 3, H, W] in [-1, 1]."""
+    uses = ("f_hat",)
+
+    def forward(self, idx_Bl: torch.Tensor) -> torch.Tensor:
+        self.add_scale(self.K - 1, idx_Bl.long(), first=False)
+        return self.vae.fhat_to_img(self.f_hat)
+
+
+def steps(gen, batch: int = 1) -> Dict[str, _Export]:
+    """The export modules by function name (sharing the generator's parameters)."""
+    out: Dict[str, _Export] = {f"scale_{si}": ScaleStep(gen, si, batch) for si in range(len(gen.patch_nums))}
+    out["decode"] = Decode(gen, batch)
+    return out
+
+
+def example_inputs(gen, name: str, batch: int = 1):
+    pns = gen.patch_nums
+    label = torch.zeros(batch, dtype=torch.int32)
+    if name == "decode":
+        return (torch.zeros(batch, pns[-1] ** 2, dtype=torch.int32),)
+    si = int(name.split("_")[1])
+    return (label,) if si == 0 else (label, torch.zeros(batch, pns[si - 1] ** 2, dtype=torch.int32))
+
+
+# ------------------------------------------------------------------------------------------ conversion
+class MissingDependency(ValueError):
+    """A package the command needs is not installed (a user-fixable error)."""
+
+
+def _ct():
+    try:
+        import coremltools as ct
+    except ImportError:
+        raise MissingDependency("Core ML export and op counts need coremltools: pip install 'coremltools>=8'") from None
+    return ct
+
+
+def export(gen, out: str | os.PathLike, batch: int = 1, precision: str = "fp16", progress: bool = True,
+           metadata: Optional[dict] = None) -> Path:
+    """Convert the generator to a multifunction ``.mlpackage`` at ``out`` (see the module docstring)."""
+    import numpy as np
+    from tqdm.auto import tqdm
+    ct = _ct()
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: expected one of {PRECISIONS}")
+    out = Path(out)
+    if out.suffix != ".mlpackage":
+        raise ValueError(f"--out {out}: a Core ML package path must end in .mlpackage")
+    dtype = np.float16 if precision == "fp16" else np.float32
+    gen = gen.eval().requires_grad_(False)
+    tmp = Path(tempfile.mkdtemp(prefix="varbench-coreml-"))
+    try:
+        desc = ct.utils.MultiFunctionDescriptor()
+        mods = steps(gen, batch)
+        for name, mod in tqdm(mods.items(), desc="core ml functions", disable=not progress):
+            ex = example_inputs(gen, name, batch)
+            with torch.no_grad():
+                traced = torch.jit.trace(mod.eval(), ex, check_trace=False)
+            names = ["label", "idx_prev"] if name.startswith("scale_") else ["idx_last"]
+            inputs = [ct.TensorType(name=n, shape=tuple(t.shape), dtype=np.int32) for n, t in zip(names, ex)]
+            states = [ct.StateType(wrapped_type=ct.TensorType(shape=s, dtype=dtype), name=n)
+                      for n, s in mod.state_shapes().items()]
+            ml = ct.convert(traced, inputs=inputs, states=states,
+                            outputs=[ct.TensorType(name="image" if name == "decode" else "logits", dtype=dtype)],
+                            convert_to="mlprogram", minimum_deployment_target=ct.target.iOS18,
+                            compute_precision=ct.precision.FLOAT16 if precision == "fp16" else ct.precision.FLOAT32)
+            path = tmp / f"{name}.mlpackage"
+            ml.save(str(path))
+            desc.add_function(str(path), src_function_name="main", target_function_name=name)
+        desc.default_function_name = "scale_0"
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staged = tmp / "merged.mlpackage"
+        ct.utils.save_multifunction(desc, str(staged))
+        if metadata:
+            (staged / "varbench.json").write_text(json.dumps(metadata, indent=1, sort_keys=True))
+        shutil.move(str(staged), str(out))   # the package appears complete or not at all
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ op counts
+def _ops(block) -> List[str]:
+    out = []
+    for op in block.operations:
+        out.append(op.type)
+        for b in op.blocks:
+            out += _ops(b)
+    return out
+
+
+def op_counts(package: str | os.PathLike) -> Dict[str, Dict[str, int]]:
+    """{function: {op type: count}} of a saved package, read from its spec (no Core ML runtime)."""
+    ct = _ct()
+    path = Path(package)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such Core ML package")
+    spec = ct.utils.load_spec(str(path))
+    if spec.WhichOneof("Type") != "mlProgram":
+        raise ValueError(f"{path}: not an ML program (op counts need one)")
+    out = {}
+    for fname, fn in sorted(spec.mlProgram.functions.items()):
+        block = fn.block_specializations[fn.opset]
+        out[fname] = dict(sorted(Counter(_ops(block)).items()))
+    return out
+
+
+def weights_bytes(package: str | os.PathLike) -> int:
+    """Bytes of the package's weight files (what a pruned model shrinks)."""
+    return sum(p.stat().st_size for p in Path(package).rglob("*") if p.is_file() and "weights" in p.parts)

@@ -1,0 +1,295 @@
+"""The latency bench: one full generation timed end to end, as a record.
+
+Protocol (``bench.benches.latency.LatencyBench``, protocol version 1): the generator with its method chain installed
+generates ``batch`` class-conditional images (labels 0, 1, … mod the class count), every scale, CFG on
+(the model's sampling defaults), VQVAE decode and uint8 conversion included, ``warmup`` untimed
+generations first. Then ``reps`` timed generations; with several configurations (``--method`` given
+more than once) the configurations are alternated within each repetition, in an order rotated
+every repetition, so that a drift in the machine's speed hits all of them alike. CPU threads are set
+(``torch.set_num_threads``) and recorded; CUDA is timed with events after ``synchronize``.
+
+Statistics of the ``reps`` times: median, IQR, p90 and a 95 % bootstrap CI of the median (2000
+resamples, seeded). ``latency_ms`` = median time of one generation of ``batch`` images (batch 1: the
+latency of one image); ``images_per_s`` = batch / median (throughput at that batch). Peak memory:
+CUDA ``max_memory_allocated`` over the timed generations, CPU the process's resident-set high-water
+mark (VmHWM, reset before the timed generations where the kernel allows it, else since start).
+Per-scale breakdown: separate, synchronised generations (after the timed ones) that read the clock
+when each scale's logits are ready; ``scale_ms[i]`` runs from the previous scale's logits (scale 0:
+from the start) and includes the previous scale's sampling and VQVAE step; ``decode_ms`` is the
+VQVAE decode and uint8 conversion.
+
+``compile``: each transformer block is wrapped by ``torch.compile`` before the warm-up; the extra
+time of the first warm-up generation over the second is reported as ``compile_s`` (not in the
+latency). Records: ``bench = "latency"``, the setting (device, batch, threads, compile, warmup) in
+the protocol, ``n`` = reps.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+BOOTSTRAP = 2000
+
+
+# ------------------------------------------------------------------------------------------ statistics
+def summarize(times_s: Sequence[float], seed: int = 0) -> Dict[str, float]:
+    """Median, IQR, p90 and a 95 % bootstrap CI of the median, in milliseconds."""
+    t = np.asarray(times_s, dtype=np.float64) * 1e3
+    if t.size < 3 or not np.all(np.isfinite(t)):
+        raise ValueError(f"need ≥ 3 finite times, got {list(times_s)}")
+    q1, med, q3, p90 = np.percentile(t, [25, 50, 75, 90])
+    rng = np.random.default_rng(seed)
+    boot = np.median(t[rng.integers(0, t.size, size=(BOOTSTRAP, t.size))], axis=1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return {"value": float(med), "stderr": None, "n": int(t.size), "iqr": float(q3 - q1), "p90": float(p90),
+            "ci95": [float(lo), float(hi)], "min": float(t.min()), "max": float(t.max()),
+            "times_ms": [round(float(x), 3) for x in t]}
+
+
+# ------------------------------------------------------------------------------------------ memory
+def _reset_cpu_peak() -> bool:
+    """Reset the kernel's resident-set high-water mark (Linux ≥ 4.0: write 5 to clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _cpu_peak_mb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1024 * 1024 if platform.system() == "Darwin" else 1024)
+
+
+# ------------------------------------------------------------------------------------------ timing
+class Timer:
+    """Clock for one device: CUDA events after a synchronize, else perf_counter."""
+
+    def __init__(self, device: str):
+        import torch
+        self.cuda = device.startswith("cuda")
+        self.torch = torch
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def time(self, fn: Callable[[], object]) -> float:
+        if self.cuda:
+            start, end = (self.torch.cuda.Event(enable_timing=True) for _ in range(2))
+            self.sync()
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+
+@dataclasses.dataclass
+class Config:
+    """One configuration under test: a label, its generator, and its labels/sampling."""
+    label: str
+    gen: object
+    labels: object
+    sampling: dict
+    compile_s: Optional[float] = None
+
+
+def _generate(cfg: Config, seed: int):
+    return cfg.gen.generate(cfg.labels, seed=seed, **cfg.sampling)
+
+
+def install_compile(gen) -> None:
+    """Wrap every transformer block in ``torch.compile`` (the sampling loop stays eager)."""
+    for b in gen.var.blocks:
+        b.compile()
+
+
+def per_scale(cfg: Config, timer: Timer, seed: int, reps: int) -> Dict[str, object]:
+    """Median per-scale times (ms) over ``reps`` synchronised generations."""
+    import torch
+
+    from bench.models.generator import to_uint8
+    rows: List[List[float]] = []
+    decode: List[float] = []
+    for r in range(reps):
+        stamps: List[float] = []
+
+        def hook(si, logits, stamps=stamps):
+            timer.sync()
+            stamps.append(time.perf_counter())
+
+        timer.sync()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            _, f_hat = cfg.gen.sample_tokens(cfg.labels, seed=seed + r, logits_hook=hook, **cfg.sampling)
+            timer.sync()
+            t1 = time.perf_counter()
+            to_uint8(cfg.gen.vae.fhat_to_img(f_hat).add_(1).mul_(0.5))
+            timer.sync()
+        decode.append(time.perf_counter() - t1)
+        rows.append(list(np.diff([t0] + stamps)))
+    return {"scale_ms": [round(float(np.median(c)) * 1e3, 3) for c in zip(*rows)],
+            "decode_ms": round(float(np.median(decode)) * 1e3, 3), "n": reps}
+
+
+def measure(configs: Sequence[Config], device: str, reps: int, warmup: int, seed: int = 0, compile: bool = False,
+            breakdown_reps: int = 3, progress: bool = True) -> Dict[str, dict]:
+    """Time every configuration ``reps`` times, alternated; returns per label: stats, memory, breakdown."""
+    import torch
+    from tqdm.auto import tqdm
+    timer = Timer(device)
+    with torch.no_grad():
+        for cfg in configs:
+            if compile:
+                install_compile(cfg.gen)
+            firsts = [timer.time(lambda c=cfg: _generate(c, seed)) for _ in range(warmup)]
+            if compile and warmup >= 2:
+                cfg.compile_s = max(firsts[0] - firsts[-1], 0.0)
+        times: Dict[str, List[float]] = {c.label: [] for c in configs}
+        peak: Dict[str, float] = {c.label: 0.0 for c in configs}
+        reset_ok = True
+        for r in tqdm(range(reps), desc="latency", disable=not progress):
+            k = r % len(configs)
+            for cfg in list(configs[k:]) + list(configs[:k]):   # rotated order
+                if timer.cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                else:
+                    reset_ok = _reset_cpu_peak() and reset_ok
+                times[cfg.label].append(timer.time(lambda c=cfg, s=seed + 1 + r: _generate(c, s)))
+                mem = torch.cuda.max_memory_allocated() / 2 ** 20 if timer.cuda else _cpu_peak_mb()
+                peak[cfg.label] = max(peak[cfg.label], mem)
+        out = {}
+        for cfg in configs:
+            out[cfg.label] = {
+                "latency_ms": summarize(times[cfg.label], seed),
+                "peak_mem_mb": peak[cfg.label],
+                "peak_mem_kind": "cuda max_memory_allocated" if timer.cuda else
+                ("process VmHWM, reset before each generation" if reset_ok else "process peak RSS since start"),
+                "breakdown": per_scale(cfg, timer, seed + 10_000, breakdown_reps),
+                "compile_s": cfg.compile_s,
+            }
+    return out
+
+
+def thread_info() -> Dict[str, object]:
+    import torch
+    return {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(),
+            "cpu_count": os.cpu_count(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+
+
+# ------------------------------------------------------------------------------------------ runs → records
+def latency_specs(model: str, chains: Sequence[str], reps: int, seed: int, setting: Dict[str, object],
+                  world: Optional[str] = None, ckpt_dir=None, random_weights: bool = False,
+                  sampling: Optional[dict] = None):
+    """One checked RunSpec per method chain (``bench = "latency"``, the setting in the protocol)."""
+    from bench.plan import RANDOM_CKPT, make_spec
+    specs = []
+    for chain in chains:
+        spec = make_spec(model, chain, bench="latency", n=reps, seed=seed, sampling=sampling, world=world,
+                         ckpt_dir=ckpt_dir, need_ckpt=not random_weights, bench_args=setting)
+        if random_weights:
+            spec = dataclasses.replace(spec, ckpt={RANDOM_CKPT: f"torch.manual_seed({seed})"})
+        specs.append(spec)
+    return specs
+
+
+def run_latency(specs, root=None, ckpt_dir=None, force: bool = False, progress: bool = True,
+                breakdown_reps: int = 3) -> List[dict]:
+    """Measure the specs together (alternated) and write one record each; existing records are
+    reused unless ``force`` (all specs are re-measured together if any one is missing)."""
+    import torch
+
+    from bench.accounting import count_params, sampling_flops
+    from bench.records import find_record, make_record, write_record
+    from bench.registry import MODELS
+    from bench.runner import preflight, prepared_generator
+
+    if not force:
+        found = [find_record(s, root) for s in specs]
+        if all(r is not None for r in found):
+            return found
+    for s in specs:
+        preflight(s, root)
+    p = specs[0].protocol
+    device, batch, threads, warmup, compile_ = p["device"], p["batch"], p["threads"], p["warmup"], p["compile"]
+    if threads:
+        torch.set_num_threads(int(threads))
+    configs, timings, gens_cost = [], {}, {}
+    for spec in specs:
+        gen, ctx, timings[spec.key()] = prepared_generator(spec, device, ckpt_dir, progress)
+        card = MODELS.get(spec.model)
+        labels = torch.arange(batch, device=device) % card.var_cfg.num_classes
+        configs.append(Config(label=spec.key(), gen=gen, labels=labels, sampling=dict(spec.sampling)))
+        gens_cost[spec.key()] = (gen, ctx.notes)
+    t = time.perf_counter()
+    res = measure(configs, device, specs[0].n, warmup, seed=specs[0].seed, compile=compile_,
+                  breakdown_reps=breakdown_reps, progress=progress)
+    measure_s = time.perf_counter() - t
+    records = []
+    dev_name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else \
+        f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    for spec in specs:
+        r, (gen, notes) = res[spec.key()], gens_cost[spec.key()]
+        lat = r["latency_ms"]
+        metrics = {"latency_ms": lat,
+                   "images_per_s": {"value": batch * 1e3 / lat["value"], "n": lat["n"],
+                                    "ci95": [batch * 1e3 / lat["ci95"][1], batch * 1e3 / lat["ci95"][0]]},
+                   "peak_mem_mb": {"value": r["peak_mem_mb"], "n": lat["n"], "kind": r["peak_mem_kind"]}}
+        cost = {"params": count_params(gen.var), "tokenizer_params": count_params(gen.vae),
+                "flops": sampling_flops(gen, **spec.sampling), "batch": batch, "device": device,
+                "per_scale_ms": r["breakdown"]["scale_ms"], "decode_ms": r["breakdown"]["decode_ms"],
+                "breakdown_n": r["breakdown"]["n"], "threads": thread_info()}
+        if r["compile_s"] is not None:
+            cost["compile_s"] = r["compile_s"]
+        tm = {**timings[spec.key()], "measure_s": measure_s}
+        tm["total_s"] = sum(tm.values())
+        rec = make_record(spec, metrics, cost, tm, notes=notes, device=dev_name)
+        write_record(spec.path(root), rec)
+        records.append(rec)
+    return records
+
+
+def report(specs, records, labels: Sequence[str]) -> str:
+    """The comparison as text: one line per configuration, ratios against the first."""
+    p = specs[0].protocol
+    lines = [f"{specs[0].model} · {p['device']} · batch {p['batch']}"
+             + (f" · {p['threads']} threads" if p.get("threads") else "")
+             + (" · torch.compile" if p.get("compile") else "")
+             + f" · {specs[0].n} timed generations per configuration, alternated, after {p['warmup']} warm-up",
+             f"{'configuration':34s} {'median ms':>10s} {'IQR':>8s} {'p90':>9s} {'95% CI of median':>20s} "
+             f"{'img/s':>7s} {'peak MiB':>9s} {'speed-up':>9s} {'FLOPs ratio':>11s}"]
+    base = records[0]
+    for lab, rec in zip(labels, records):
+        m = rec["metrics"]["latency_ms"]
+        speed = base["metrics"]["latency_ms"]["value"] / m["value"]
+        flops = base["cost"]["flops"] / rec["cost"]["flops"]
+        ci = f"[{m['ci95'][0]:.1f}, {m['ci95'][1]:.1f}]"
+        lines.append(f"{lab[:34]:34s} {m['value']:10.1f} {m['iqr']:8.1f} {m['p90']:9.1f} {ci:>20s} "
+                     f"{rec['metrics']['images_per_s']['value']:7.3f} {rec['metrics']['peak_mem_mb']['value']:9.0f} "
+                     f"{speed:8.2f}× {flops:10.2f}×")
+    lines.append("per-scale ms (median of separate synchronised generations; decode = VQVAE decode + uint8):")
+    for lab, rec in zip(labels, records):
+        c = rec["cost"]
+        lines.append(f"  {lab[:32]:32s} " + " ".join(f"{x:.0f}" for x in c["per_scale_ms"])
+                     + f" | decode {c['decode_ms']:.0f}" + (f" | compile {c['compile_s']:.1f} s" if "compile_s" in c else ""))
+    lines.append("speed-up = median of the first configuration / median of this one (one run, same machine); "
+                 "FLOPs ratio likewise from the transformer's sampling FLOPs")
+    return "\n".join(lines)

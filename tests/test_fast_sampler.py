@@ -1,0 +1,107 @@
+"""The sampler's speed-ups change no value: AdaLN vectors computed once per generation, the
+preallocated KV cache, and the decoder's in-place inference path give bit-identical tokens, f_hat
+and images to the plain official loop (AdaLN per scale, KV re-concatenated every scale, out-of-place
+decoder). The official golden outputs (tests/test_official_var.py) pin the same loop against the
+official code; these tests pin each optimisation on its own so a broken one is named."""
+import pytest
+import torch
+
+from bench.models.generator import sample_top_k_top_p, to_uint8
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+LABELS = torch.tensor([0, 4, 2])
+CFG, TOP_K, TOP_P = 1.5, 20, 0.9
+
+
+def _plain_loop(gen, labels, seed):
+    """The official loop step by step: no cached AdaLN, no KV buffer (``kv_caching(True)`` without
+    ``max_len`` re-concatenates), x.repeat(2) for the CFG batch."""
+    var, quant, pns = gen.var, gen.vae.quantize, gen.patch_nums
+    B, K = labels.shape[0], len(pns)
+    g = torch.Generator().manual_seed(seed)
+    cond = var.cond(torch.cat((labels, torch.full_like(labels, var.num_classes))))
+    lvl_pos = var.lvl_pos()
+    x = var.first_tokens(cond)
+    f_hat = torch.zeros(B, var.Cvae, pns[-1], pns[-1])
+    toks, cur = [], 0
+    var.kv_caching(True)
+    try:
+        for si, pn in enumerate(pns):
+            cur += pn * pn
+            x = var.run_blocks(x, cond)
+            lg = var.get_logits(x, cond)
+            t = CFG * si / (K - 1)
+            idx = sample_top_k_top_p((1 + t) * lg[:B] - t * lg[B:], TOP_K, TOP_P, g)
+            toks.append(idx)
+            h = quant.embedding(idx).transpose(1, 2).reshape(B, var.Cvae, pn, pn)
+            f_hat, nxt = quant.next_input(si, f_hat, h)
+            if si != K - 1:
+                x = var.word_embed(nxt.flatten(2).transpose(1, 2)) + lvl_pos[:, cur:cur + pns[si + 1] ** 2]
+                x = x.repeat(2, 1, 1)
+    finally:
+        var.kv_caching(False)
+    return toks, f_hat
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("seed", [0, 5])
+def test_optimised_sampler_equals_the_plain_official_loop_bit_for_bit(small_gen, seed):
+    toks, f_hat = small_gen.sample_tokens(LABELS, seed=seed, cfg=CFG, top_k=TOP_K, top_p=TOP_P)
+    ref_toks, ref_f_hat = _plain_loop(small_gen, LABELS, seed)
+    assert all(torch.equal(a, b) for a, b in zip(toks, ref_toks))
+    assert torch.equal(f_hat, ref_f_hat)
+    img = small_gen.generate(LABELS, seed=seed, cfg=CFG, top_k=TOP_K, top_p=TOP_P)
+    with torch.enable_grad():   # the decoder's training path: out of place, as the model was trained
+        ref_img = to_uint8(small_gen.vae.fhat_to_img(ref_f_hat).add_(1).mul_(0.5))
+    assert torch.equal(img, ref_img)
+
+
+@torch.no_grad()
+def test_cached_adaln_vectors_equal_the_per_scale_ones(small_gen):
+    var = small_gen.var
+    cond = var.cond(torch.tensor([1, 5]))
+    blocks, head = var.ada_vectors(cond)
+    assert len(blocks) == len(var.blocks)
+    for b, a in zip(var.blocks, blocks):
+        assert torch.equal(a, b.ada_lin(cond).view(-1, 1, 6, var.C))
+    assert torch.equal(head, var.head_nm.ada_lin(cond).view(-1, 1, 2, var.C))
+    x = torch.randn(2, 4, var.C)
+    assert torch.equal(var.run_blocks(x, cond, None, None, blocks), var.run_blocks(x, cond))
+    assert torch.equal(var.get_logits(x, cond, head), var.get_logits(x, cond))
+
+
+@torch.no_grad()
+def test_kv_buffer_equals_concatenation_and_is_reset_per_generation(small_gen):
+    attn = small_gen.var.blocks[0].attn
+    g = torch.Generator().manual_seed(3)
+    chunks = [torch.randn(2, attn.H, n, attn.c, generator=g) for n in (1, 4, 9)]
+    attn.kv_caching(True, max_len=14)
+    for i, k in enumerate(chunks):
+        got_k, got_v = attn._cache(k, -k)
+        want = torch.cat(chunks[:i + 1], dim=2)
+        assert torch.equal(got_k, want) and torch.equal(got_v, -want)
+    attn.kv_caching(True, max_len=14)           # a new generation starts from an empty cache
+    got_k, _ = attn._cache(chunks[1], chunks[1])
+    assert torch.equal(got_k, chunks[1])
+    attn.kv_caching(True, max_len=14)           # a different batch size gets a new buffer
+    got_k, _ = attn._cache(chunks[0][:1], chunks[0][:1])
+    assert got_k.shape[0] == 1 and torch.equal(got_k, chunks[0][:1])
+    attn.kv_caching(False)
+    assert attn.kv_k is None and not attn.caching
+
+
+def test_decoder_inference_path_equals_its_training_path(small_gen):
+    vae = small_gen.vae
+    f = torch.randn(2, vae.Cvae, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        fast = vae.fhat_to_img(f)
+    slow = vae.fhat_to_img(f)                    # grad enabled: the out-of-place path
+    assert torch.equal(fast, slow.detach())
+
+
+@torch.no_grad()
+def test_official_per_scale_adaln_gives_the_same_tokens(small_gen):
+    """``cache_adaln=False`` (what FLOP accounting counts) samples exactly what the default does."""
+    a, fa = small_gen.sample_tokens(LABELS, seed=2, cfg=CFG, top_k=TOP_K, top_p=TOP_P)
+    b, fb = small_gen.sample_tokens(LABELS, seed=2, cfg=CFG, top_k=TOP_K, top_p=TOP_P, cache_adaln=False)
+    assert all(torch.equal(x, y) for x, y in zip(a, b)) and torch.equal(fa, fb)

@@ -1,0 +1,144 @@
+"""The latency bench: statistics, alternation, records, staleness, and bad input."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from bench.benches.latency import LatencyBench
+from bench.cli import main
+from bench.latency import Config, measure, summarize
+from bench.records import read_record
+from bench.tiny.assets import ASSETS
+
+HAVE_TINY = (ASSETS / "tiny_var.safetensors").is_file()
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_summary_statistics_match_numpy_and_the_ci_brackets_the_median():
+    t = [0.5, 0.1, 0.3, 0.2, 0.4, 0.9, 0.35]
+    s = summarize(t, seed=3)
+    ms = np.array(t) * 1e3
+    assert s["value"] == pytest.approx(np.median(ms)) and s["n"] == 7
+    assert s["iqr"] == pytest.approx(np.percentile(ms, 75) - np.percentile(ms, 25))
+    assert s["p90"] == pytest.approx(np.percentile(ms, 90))
+    assert s["min"] == 100 and s["max"] == 900
+    lo, hi = s["ci95"]
+    assert min(ms) <= lo <= s["value"] <= hi <= max(ms)
+    assert summarize(t, seed=3) == s                   # seeded bootstrap
+    assert summarize([1.0, 1.0, 1.0])["ci95"] == [1000.0, 1000.0]
+    with pytest.raises(ValueError, match="≥ 3"):
+        summarize([0.1, 0.2])
+    with pytest.raises(ValueError, match="finite"):
+        summarize([0.1, float("nan"), 0.2])
+
+
+def test_protocol_carries_the_setting_and_round_trips():
+    b = LatencyBench(device="cuda:1", batch=4, threads=2, compile=True, warmup=3)
+    p = b.identity()
+    assert p == {"version": 1, "device": "cuda", "batch": 4, "threads": None, "compile": True, "warmup": 3}
+    assert LatencyBench(**LatencyBench.args_from_protocol(LatencyBench(batch=2, threads=3).identity())).identity() \
+        == LatencyBench(batch=2, threads=3).identity()
+    for kw, msg in ((dict(batch=0), "--batch 0"), (dict(warmup=0), "--warmup 0"), (dict(threads=0), "--threads 0")):
+        with pytest.raises(ValueError, match=msg):
+            LatencyBench(**kw)
+    with pytest.raises(ValueError, match="at least 3"):
+        LatencyBench.check_n(2)
+
+
+class _Logged:
+    """A stand-in generator that logs which configuration ran (alternation order)."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+        self.vae = self
+        self.var = torch.nn.Module()
+
+    def generate(self, labels, seed=0, **kw):
+        self.log.append(self.name)
+        return torch.zeros(1)
+
+    def sample_tokens(self, labels, seed=0, logits_hook=None, **kw):
+        for si in range(3):
+            logits_hook(si, None)
+        return [], torch.zeros(1, 1, 1, 1)
+
+    def fhat_to_img(self, f):
+        return f
+
+
+def test_configurations_are_alternated_in_rotated_order():
+    log = []
+    cfgs = [Config(c, _Logged(c, log), torch.zeros(1), {}) for c in "ABC"]
+    out = measure(cfgs, "cpu", reps=4, warmup=1, breakdown_reps=2, progress=False)
+    timed = log[3:3 + 12]                      # after one warm-up each, before the breakdown
+    assert timed == list("ABC" "BCA" "CAB" "ABC")
+    assert set(out) == set("ABC")
+    assert out["A"]["latency_ms"]["n"] == 4 and len(out["A"]["breakdown"]["scale_ms"]) == 3
+
+
+@pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
+def test_cli_compares_two_chains_writes_records_and_reuses_them(tmp_path, capsys):
+    argv = ["latency", "--model", "tiny-var", "--method", "dense", "--method", "magnitude:sparsity=0.4",
+            "--reps", "3", "--warmup", "1", "--threads", "1", "--quiet", "--results", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "dense" in out and "magnitude:sparsity=0.4" in out and "speed-up" in out and "1.00×" in out
+    paths = sorted(tmp_path.glob("tiny/tiny-var/latency/*.json"))
+    assert len(paths) == 2
+    recs = [read_record(p) for p in paths]
+    for r in recs:
+        assert r["spec"]["bench"] == "latency" and r["spec"]["n"] == 3
+        assert r["spec"]["protocol"] == {"version": 1, "device": "cpu", "batch": 1, "threads": 1,
+                                         "compile": False, "warmup": 1}
+        lat = r["metrics"]["latency_ms"]
+        assert lat["value"] > 0 and len(lat["times_ms"]) == 3 and lat["iqr"] >= 0
+        assert r["metrics"]["images_per_s"]["value"] == pytest.approx(1e3 / lat["value"])
+        assert len(r["cost"]["per_scale_ms"]) == 7 and r["cost"]["decode_ms"] > 0
+        assert r["cost"]["threads"]["intra_op"] == 1
+    pruned = next(r for r in recs if r["spec"]["methods"])
+    dense = next(r for r in recs if not r["spec"]["methods"])
+    assert pruned["cost"]["params"] < dense["cost"]["params"]
+    created = {p.name: read_record(p)["created"] for p in paths}
+    mtimes = {p.name: p.stat().st_mtime_ns for p in paths}
+    assert main(argv) == 0                     # reused, not measured again
+    capsys.readouterr()
+    assert {p.name: p.stat().st_mtime_ns for p in paths} == mtimes and created
+    assert main(["runs", "--json", "--results", str(tmp_path)]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert len(listing) == 2 and not any(r["stale"] for r in listing)
+
+
+@pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
+def test_random_weights_records_name_no_file_and_are_not_stale(tmp_path, capsys):
+    argv = ["latency", "--model", "tiny-var", "--random-weights", "--reps", "3", "--warmup", "1", "--threads", "1",
+            "--quiet", "--results", str(tmp_path), "--batch", "2"]
+    assert main(argv) == 0
+    (path,) = tmp_path.glob("tiny/tiny-var/latency/*.json")
+    rec = read_record(path)
+    assert rec["spec"]["ckpt"] == {"random-init": "torch.manual_seed(0)"}
+    assert rec["metrics"]["images_per_s"]["value"] == pytest.approx(2e3 / rec["metrics"]["latency_ms"]["value"])
+    capsys.readouterr()
+    assert main(["runs", "--json", "--results", str(tmp_path)]) == 0
+    assert not json.loads(capsys.readouterr().out)[0]["stale"]
+
+
+@pytest.mark.parametrize("extra, msg", [
+    (["--reps", "2"], "at least 3 timed generations"),
+    (["--batch", "0"], "--batch 0"),
+    (["--warmup", "0"], "--warmup 0"),
+    (["--device", "coreml"], "macOS only"),
+    (["--method", "magnitud"], "did you mean 'magnitude'"),
+    (["--method", "dense", "--method", "dense"], "same chain"),
+])
+@pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
+def test_bad_latency_arguments_are_one_clear_line(capsys, tmp_path, extra, msg):
+    rc = main(["latency", "--model", "tiny-var", "--results", str(tmp_path), "--quiet", *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and msg in err and "Traceback" not in err
+    assert not any(tmp_path.iterdir())
+
+
+def test_run_refuses_the_latency_bench(capsys):
+    assert main(["run", "--model", "tiny-var", "--bench", "latency"]) == 2
+    assert "run it with `varbench latency`" in capsys.readouterr().err
