@@ -357,3 +357,53 @@ def test_pruning_keeps_the_model_device():
         for name, t in list(b.named_parameters()) + list(b.named_buffers()):
             assert t.device.type == "meta", name
     assert gen.var.cfg.heads == (1, 1)
+
+
+# ---------------------------------------------------------------- per-block sparsity schedules
+def _log_reference(depth, s, cap=0.95):
+    """Independent water-filling: s_j ∝ ln(1+j) with mean s, values above the cap clipped and the
+    excess redistributed over the uncapped blocks in proportion to ln(1+j), until none exceeds it."""
+    import math
+    w = [math.log(1 + j) for j in range(depth)]
+    capped = set()
+    while True:
+        left = s * depth - cap * len(capped)
+        tot = sum(w[j] for j in range(depth) if j not in capped)
+        out = [cap if j in capped else left * w[j] / tot for j in range(depth)]
+        new = {j for j in range(depth) if out[j] > cap + 1e-12}
+        if not new:
+            return out
+        capped |= new
+
+
+@pytest.mark.parametrize("depth, s", [(2, 0.4), (4, 0.3), (16, 0.4), (16, 0.8), (24, 0.9), (3, 0.6)])
+def test_log_schedule_is_the_capped_log_increasing_rule(depth, s):
+    from bench.prune import block_sparsities
+    got = block_sparsities(depth, s, "log")
+    assert got == pytest.approx(_log_reference(depth, s), abs=1e-12)
+    assert sum(got) / depth == pytest.approx(s) and max(got) <= 0.95 and got[0] == 0
+    assert all(a <= b + 1e-15 for a, b in zip(got, got[1:]))       # non-decreasing with depth
+
+
+def test_uniform_and_single_block_schedules_and_unknown_names():
+    from bench.prune import block_sparsities
+    assert block_sparsities(5, 0.3) == [0.3] * 5 == block_sparsities(5, 0.3, "uniform")
+    assert block_sparsities(1, 0.4, "log") == [0.4]
+    assert all(isinstance(x, float) for x in block_sparsities(3, 1, "uniform"))
+    with pytest.raises(ValueError, match="unknown sparsity schedule 'cubic'.*'uniform', 'log'"):
+        block_sparsities(4, 0.4, "cubic")
+
+
+def test_log_schedule_with_a_cap_bound_block_redistributes_the_excess():
+    from bench.prune import block_sparsities
+    got = block_sparsities(4, 0.6, "log")        # ln-shape alone would put block 3 above 0.95
+    assert got[3] == 0.95 and got[2] < 0.95 and sum(got) == pytest.approx(2.4)
+    assert got[2] / got[1] == pytest.approx(__import__("math").log(3) / __import__("math").log(2))
+
+
+def test_index_scores_prefer_the_first_units(small_var_gen):
+    from bench.prune import index_scores
+    heads, channels = index_scores(small_var_gen)
+    for i, b in enumerate(small_var_gen.var.blocks):
+        assert heads[i].tolist() == [-float(h) for h in range(b.attn.H)]
+        assert channels[i].shape == (b.ffn.fc1.out_features,) and channels[i][0] == 0 and channels[i][-1] < channels[i][-2]

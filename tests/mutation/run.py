@@ -30,7 +30,8 @@ from functools import partial
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # (module, qualified name, tests that exercise it)
-SAMPLING_TESTS = ["tests/test_sampling.py", "tests/test_sampling_semantics.py"]
+SAMPLING_TESTS = ["tests/test_sampling.py", "tests/test_sampling_semantics.py", "tests/test_sampling_gaps.py",
+                  "tests/test_fast_sampler.py"]
 PRUNE_TESTS = ["tests/test_methods.py", "tests/test_checkpoint.py",
                "tests/test_sampling.py::test_pruning_policy_changes_only_the_pruned_scale"]
 TARGETS = [
@@ -134,7 +135,7 @@ def resolve(module, qualname):
     return inspect.unwrap(obj)
 
 
-def run_tests(tests, fn=None, new_code=None, timeout=600.0):
+def run_tests(tests, fn=None, new_code=None, timeout=600.0, deselect=DESELECT):
     """Fork; in the child swap the code and run pytest. Returns ('killed'|'survived'|'timeout'|'error', s)."""
     t0 = time.time()
     pid = os.fork()
@@ -147,7 +148,7 @@ def run_tests(tests, fn=None, new_code=None, timeout=600.0):
                 fn.__code__ = new_code
             import pytest
             args = ["-x", "-q", "-p", "no:cacheprovider", *tests]
-            for d in DESELECT:
+            for d in deselect:
                 args += ["--deselect", d]
             rc = pytest.main(args)
         except BaseException:
@@ -219,7 +220,7 @@ def recheck():
     print(f"rechecking {len(todo)} survivors with the slow tests", flush=True)
     for name, tests in todo:
         os.environ["MUTANT_UNDER_TEST"] = name
-        status, dt = run_tests(tests, timeout=300)
+        status, dt = run_tests(tests, timeout=300, deselect=())
         done[name] = status
         print(f"  {status:9s} {dt:5.1f}s  {name}", flush=True)
         with open(os.path.join("..", RECHECK), "w") as f:
