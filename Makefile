@@ -33,8 +33,11 @@ table5: setup
 tables: setup
 	$(BIN)/varbench table all --world $(WORLD)
 
-leaderboard figures: setup
+leaderboard: setup
 	@echo "varbench $@ is not implemented yet (planned: rendered from records like the tables)." >&2; exit 2
+
+figures: setup
+	$(BIN)/varbench figures --world $(WORLD)
 
 tiny-models: setup
 	$(BIN)/varbench train-tiny --out assets/tiny

@@ -246,6 +246,24 @@ def _cmd_coreml(args) -> int:
     return 0
 
 
+def _cmd_figures(args) -> int:
+    from bench.figures import figure_names, render
+    names = figure_names() if args.names in ([], ["all"]) else args.names
+    world = args.world or DEFAULT_WORLD
+    failed = 0
+    for name in names:
+        try:
+            paths = render(name, world=world, root=args.results, out=args.out)
+        except ValueError as e:
+            if len(names) == 1:
+                raise
+            print(f"varbench: {e}", file=sys.stderr)   # `all`: say which figure has no data, go on
+            failed += 1
+            continue
+        print("wrote " + " ".join(str(p) for p in paths))
+    return 2 if failed == len(names) else 0
+
+
 def _cmd_runs(args) -> int:
     import pandas as pd
 
@@ -440,6 +458,18 @@ def build_parser() -> argparse.ArgumentParser:
     ops.add_argument("package", help="path of an .mlpackage")
     ops.add_argument("--json", action="store_true", help="print {functions: {name: {op: count}}, weights_bytes}")
     sp.set_defaults(func=_cmd_coreml)
+
+    sp = sub.add_parser("figures", help="render figures (speed-quality Pareto, per-scale latency) from records",
+                        description="Renders figures/<name>.yaml from the records (nothing is run) to "
+                                    "<out>/<world>/<name>.{png,pdf}. Figures: "
+                                    "pareto (FID vs FLOPs of every recorded chain), pareto-latency (FID vs "
+                                    "measured latency), scale-latency (per-scale latency stacks). A figure "
+                                    "without data says which records to make.")
+    sp.add_argument("names", nargs="*", help="figure names (default: all)")
+    sp.add_argument("--world", choices=WORLDS, default=None, help=f"default: {DEFAULT_WORLD}")
+    sp.add_argument("--out", default=None, help="output base folder (default: $VARBENCH_FIGURES_OUT, else ./figures/out)")
+    sp.add_argument("--results", default=None, help="record folder (default: $VARBENCH_RESULTS, else ./results)")
+    sp.set_defaults(func=_cmd_figures)
 
     sp = sub.add_parser("runs", help="list records (spec, metrics, age, stale or not); prune stale ones",
                         description="A record is stale when its request, made again today, would give another "

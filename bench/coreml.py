@@ -12,9 +12,10 @@ The host keeps the loop that Core ML cannot express well (seeded top-k/top-p sam
     image = decode(sample(cfg_mix(logits, K-1)))   # f_hat += φ(embed(idx)), VQVAE decoder
 
 Inside a function everything is fixed-shape: scale si writes its keys and values at the static
-positions [begin_si, end_si) of the cache and attends over [0, end_si) with an explicit
-``softmax(q·kᵀ·scale)·v`` (one fixed attention form, so op counts are stable), the AdaLN vectors
-are computed from the label as official. The bicubic upsampling of the quantiser (Core ML has no
+positions [begin_si, end_si) of the cache and attends over [0, end_si) with Core ML's fused
+``scaled_dot_product_attention`` op (one fixed form, so op counts are stable; the model's attention
+scale, 1 for cosine attention, is folded into q because that op always divides by √c), the AdaLN
+vectors are computed from the label as official. The bicubic upsampling of the quantiser (Core ML has no
 bicubic) and the area downsampling are constant matrices, built by applying PyTorch's own
 ``F.interpolate`` to a basis, so they are the same linear maps. fp16 weights and activations by
 default (``precision="fp32"`` keeps fp32).
@@ -28,6 +29,7 @@ exported (a method must change weights only).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -84,7 +86,7 @@ class _Export(nn.Module):
 
 
 def _attention(attn, x_BLC, k_cache, v_cache, begin: int, end: int):
-    """SelfAttention.forward with the cache written at static positions and an explicit softmax."""
+    """SelfAttention.forward with the cache written at static positions, as one fused attention op."""
     B, L, _ = x_BLC.shape
     bias = torch.cat((attn.q_bias, attn.zero_k_bias, attn.v_bias))
     qkv = F.linear(x_BLC, attn.mat_qkv.weight, bias).view(B, L, 3, attn.H, attn.c).permute(2, 0, 3, 1, 4)
@@ -94,8 +96,9 @@ def _attention(attn, x_BLC, k_cache, v_cache, begin: int, end: int):
         k_BHLc = F.normalize(k_BHLc, dim=-1)
     k_cache[:, :, begin:end] = k_BHLc
     v_cache[:, :, begin:end] = v_BHLc
-    w_BHLl = torch.softmax((q_BHLc @ k_cache[:, :, :end].transpose(-1, -2)) * attn.scale, dim=-1)
-    o_BHLc = w_BHLl @ v_cache[:, :, :end]
+    # Core ML's fused attention op takes no scale (it divides by √c): fold the model's scale into q.
+    q_BHLc = q_BHLc * (attn.scale * math.sqrt(attn.c))
+    o_BHLc = F.scaled_dot_product_attention(q_BHLc, k_cache[:, :, :end], v_cache[:, :, :end])
     return attn.proj(o_BHLc.transpose(1, 2).reshape(B, L, attn.H * attn.c))
 
 

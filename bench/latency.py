@@ -271,7 +271,7 @@ def report(specs, records, labels: Sequence[str]) -> str:
     """The comparison as text: one line per configuration, ratios against the first."""
     p = specs[0].protocol
     lines = [f"{specs[0].model} · {p['device']} · batch {p['batch']}"
-             + (f" · {p['threads']} threads" if p.get("threads") else "")
+             + (f" · threads {p['threads']}" if p.get("threads") else "")
              + (" · torch.compile" if p.get("compile") else "")
              + f" · {specs[0].n} timed generations per configuration, alternated, after {p['warmup']} warm-up",
              f"{'configuration':34s} {'median ms':>10s} {'IQR':>8s} {'p90':>9s} {'95% CI of median':>20s} "

@@ -14,7 +14,7 @@ from typing import Optional
 from bench.io import PACKAGE_ROOT, SOURCE_ROOT
 
 # name -> its path in a checkout, relative to the checkout root (package data mirrors the same path)
-RESOURCES = ("tables", "tables/templates", "datasets", "assets/tiny")
+RESOURCES = ("tables", "tables/templates", "datasets", "assets/tiny", "figures")
 
 
 def _is_checkout(root: Path) -> bool:
@@ -57,3 +57,10 @@ def tables_out_dir(explicit: Optional[str | os.PathLike] = None) -> Path:
     if explicit:
         return Path(explicit)
     return Path(os.environ.get("VARBENCH_TABLES_OUT") or Path("tables") / "out")
+
+
+def figures_out_dir(explicit: Optional[str | os.PathLike] = None) -> Path:
+    """Rendered-figure folder: the flag, else ``$VARBENCH_FIGURES_OUT``, else ``./figures/out``."""
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("VARBENCH_FIGURES_OUT") or Path("figures") / "out")

@@ -91,8 +91,9 @@ def test_export_and_op_counts_dense_and_pruned(small_gen, tmp_path):
     K = len(small_gen.patch_nums)
     assert set(a) == {f"scale_{i}" for i in range(K)} | {"decode"}
     assert a == b
-    for si in range(K):   # every block writes its cache once per scale; the head's softmax is on the host
-        assert a[f"scale_{si}"]["softmax"] == len(small_gen.var.blocks)
+    for si in range(K):   # one fused attention op and one cache write per block and scale
+        assert a[f"scale_{si}"]["scaled_dot_product_attention"] == len(small_gen.var.blocks)
+        assert "softmax" not in a[f"scale_{si}"]
         assert a[f"scale_{si}"]["write_state"] == 2 * len(small_gen.var.blocks) + (si > 0)
     assert weights_bytes(pruned) < weights_bytes(dense)
     assert json.loads((dense / "varbench.json").read_text()) == {"model": "small"}
