@@ -175,24 +175,27 @@ def _cmd_latency(args) -> int:
     from bench.registry import MODELS
     card = MODELS.get(args.model)
     world = args.world or card.world
-    if (args.device or "").split(":")[0] == "coreml":
-        import platform
-        if platform.system() != "Darwin":
-            print("varbench: error: --device coreml runs on macOS only (Core ML loads and runs there); on this "
-                  f"machine ({platform.system()}) use --device cpu or cuda", file=sys.stderr)
-            return 2
-        print("varbench: error: --device coreml: not in this varbench yet (export and op counts come with "
-              "`varbench coreml`)", file=sys.stderr)
-        return 2
-    device = _device(args, world)
+    coreml = (args.device or "") == "coreml"
+    if coreml:
+        from bench.coreml import require_macos
+        require_macos("--device coreml (latency and op placement per compute unit)")
+        if args.compile:
+            raise ValueError("--compile applies to PyTorch devices, not --device coreml")
+    elif args.compute_units:
+        raise ValueError("--compute-units applies to --device coreml only")
+    device = "coreml" if coreml else _device(args, world)
     chains = [" + ".join(requested_chain(m)) or "dense" for m in (args.method or ["dense"])]
-    labels = chains
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"--method given twice with the same chain: {labels}")
+    if len(set(chains)) != len(chains):
+        raise ValueError(f"--method given twice with the same chain: {chains}")
     from bench.latency import latency_specs, report, run_latency
     setting = dict(device=device, batch=args.batch, threads=args.threads, compile=args.compile, warmup=args.warmup)
-    specs = latency_specs(args.model, chains, args.reps, args.seed, setting, world=world, ckpt_dir=args.ckpt_dir,
-                          random_weights=args.random_weights, sampling=_sampling_overrides(args))
+    specs, labels = [], []
+    for cu in ((args.compute_units or ["CPU_AND_NE", "ALL", "CPU_AND_GPU"]) if coreml else [None]):
+        extra = dict(compute_units=cu, precision=args.precision) if coreml else {}
+        specs += latency_specs(args.model, chains, args.reps, args.seed, {**setting, **extra}, world=world,
+                               ckpt_dir=args.ckpt_dir, random_weights=args.random_weights,
+                               sampling=_sampling_overrides(args))
+        labels += [c + (f" @ {cu}" if cu else "") for c in chains]
     records = run_latency(specs, root=args.results, ckpt_dir=args.ckpt_dir, force=args.force,
                           progress=not args.quiet)
     print(report(specs, records, labels))
@@ -422,6 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: all cores); recorded")
     sp.add_argument("--compile", action="store_true", help="wrap each transformer block in torch.compile "
                     "(compile time reported separately)")
+    sp.add_argument("--compute-units", action="append", default=None, choices=("CPU_AND_NE", "ALL", "CPU_AND_GPU", "CPU_ONLY"),
+                    help="--device coreml: Core ML compute-unit setting, repeatable (default: CPU_AND_NE, ALL, "
+                         "CPU_AND_GPU, the rows of EVAR Table 5); each gets its own record with #CPU/#GPU/#NPU ops")
+    sp.add_argument("--precision", choices=("fp16", "fp32"), default="fp16", help="--device coreml: package precision")
     sp.add_argument("--random-weights", action="store_true", help="seeded random weights instead of the "
                     "checkpoint (timing needs no trained weights; data-free methods only make sense)")
     sp.add_argument("--world", choices=WORLDS, default=None, help="default: the model's world")

@@ -2,7 +2,8 @@
 
 The package is one ML program with a function per scale, ``scale_0`` … ``scale_{K-1}``, and a
 ``decode`` function, all over the same states (``ct.StateType``): the key and value cache of every
-block ``k_cache_{i}``/``v_cache_{i}`` [2B, H_i, L, c] and the latent ``f_hat`` [B, Cvae, P, P].
+block ``k_cache_{i}``/``v_cache_{i}`` [2B, H_i, L', c] (L' = the token count L rounded up to a
+multiple of 32) and the latent ``f_hat`` [B, Cvae, P, P].
 The host keeps the loop that Core ML cannot express well (seeded top-k/top-p sampling, CFG mixing):
 
     logits = scale_0(label)                        # class embedding, start tokens, blocks, head
@@ -31,8 +32,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import shutil
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -59,8 +62,11 @@ class _Export(nn.Module):
         var, vae = gen.var, gen.vae
         self.var, self.vae, self.B = var, vae, batch
         self.K, self.P, self.L = len(gen.patch_nums), gen.patch_nums[-1], var.L
+        # Cache length padded to a multiple of 32 (stateful models with other state sizes have been
+        # reported to fail on the Neural Engine); attention reads only the first end_si positions.
+        L_pad = -(-var.L // 32) * 32
         for i, b in enumerate(var.blocks):
-            shape = (2 * batch, b.attn.H, var.L, b.attn.c)
+            shape = (2 * batch, b.attn.H, L_pad, b.attn.c)
             self.register_buffer(f"k_cache_{i}", torch.zeros(shape))
             self.register_buffer(f"v_cache_{i}", torch.zeros(shape))
         self.register_buffer("f_hat", torch.zeros(batch, var.Cvae, self.P, self.P))
@@ -253,3 +259,113 @@ def op_counts(package: str | os.PathLike) -> Dict[str, Dict[str, int]]:
 def weights_bytes(package: str | os.PathLike) -> int:
     """Bytes of the package's weight files (what a pruned model shrinks)."""
     return sum(p.stat().st_size for p in Path(package).rglob("*") if p.is_file() and "weights" in p.parts)
+
+
+# ------------------------------------------------------------------------------------------ macOS: run and place
+from bench.defaults import COMPUTE_UNITS  # noqa: E402
+
+DEVICE_OF = {"MLCPUComputeDevice": "cpu", "MLGPUComputeDevice": "gpu", "MLNeuralEngineComputeDevice": "npu"}
+
+
+def require_macos(what: str) -> None:
+    if platform.system() != "Darwin":
+        raise ValueError(f"{what} runs on macOS only (the Core ML runtime is not on {platform.system()}); "
+                         f"here `varbench coreml export` and `varbench coreml ops` work")
+
+
+def check_compute_units(cu: str) -> str:
+    if cu not in COMPUTE_UNITS:
+        raise ValueError(f"compute units {cu!r}: expected one of {', '.join(COMPUTE_UNITS)}")
+    return cu
+
+
+# The only calls into the Core ML runtime (macOS); everything around them is plain Python and tested
+# on Linux with these two replaced.
+def _mlmodel(package, compute_units: str, function_name: str):
+    ct = _ct()
+    return ct.models.MLModel(str(package), compute_units=getattr(ct.ComputeUnit, compute_units),
+                             function_name=function_name)
+
+
+def _compute_plan(package, compute_units: str):
+    ct = _ct()
+    from coremltools.models.compute_plan import MLComputePlan
+    compiled = ct.models.utils.compile_model(str(package))
+    return MLComputePlan.load_from_path(str(compiled), compute_units=getattr(ct.ComputeUnit, compute_units))
+
+
+def _walk(block):
+    for op in block.operations:
+        yield op
+        for b in op.blocks:
+            yield from _walk(b)
+
+
+def placement(package, compute_units: str) -> Dict[str, Dict[str, int]]:
+    """{function: {cpu, gpu, npu, none: op count}}: each non-const op's preferred compute device in
+    the compiled program under ``compute_units`` (MLComputePlan, macOS ≥ 14.4)."""
+    require_macos("op placement (MLComputePlan)")
+    check_compute_units(compute_units)
+    plan = _compute_plan(package, compute_units)
+    out = {}
+    for fname, fn in sorted(plan.model_structure.program.functions.items()):
+        c = Counter()
+        for op in _walk(fn.block):
+            if op.operator_name.split(".")[-1] == "const":
+                continue
+            usage = plan.get_compute_device_usage_for_mlprogram_operation(op)
+            c["none" if usage is None else DEVICE_OF.get(type(usage.preferred_compute_device).__name__, "other")] += 1
+        out[fname] = {k: c.get(k, 0) for k in ("cpu", "gpu", "npu", "none")} | \
+            ({"other": c["other"]} if c.get("other") else {})
+    return out
+
+
+class CoreMLGenerator:
+    """A package's functions driven by the host loop (seeded top-k/top-p and CFG as ``Generator``),
+    with ``generate`` and ``sample_tokens`` so the latency bench times it like a PyTorch model."""
+
+    def __init__(self, package, compute_units: str, patch_nums, num_classes: int):
+        require_macos("Core ML inference")
+        self.compute_units = check_compute_units(compute_units)
+        self.patch_nums, self.num_classes = tuple(patch_nums), num_classes
+        names = [f"scale_{i}" for i in range(len(self.patch_nums))] + ["decode"]
+        t0 = time.perf_counter()
+        self.models = {n: _mlmodel(package, compute_units, n) for n in names}
+        self.load_s = time.perf_counter() - t0
+        self.vae = self          # fhat_to_img below, as the latency bench's breakdown calls it
+
+    def sample_tokens(self, labels_B, seed: Optional[int] = 0, cfg: float = 1.5, top_k: int = 0, top_p: float = 0.0,
+                      more_smooth: bool = False, logits_hook=None):
+        import numpy as np
+
+        from bench.models.generator import sample_top_k_top_p
+        if more_smooth:
+            raise ValueError("more_smooth is not exported to Core ML")
+        if cfg is None:
+            raise ValueError("the Core ML package is built for CFG (cfg=None is not exported)")
+        B, K = labels_B.shape[0], len(self.patch_nums)
+        rng = None if seed is None else torch.Generator().manual_seed(int(seed))
+        state = self.models["scale_0"].make_state()
+        label = labels_B.cpu().numpy().astype(np.int32)
+        tokens, idx = [], None
+        for si in range(K):
+            feed = {"label": label} if si == 0 else {"label": label, "idx_prev": idx.numpy().astype(np.int32)}
+            logits_2BlV = torch.from_numpy(np.asarray(self.models[f"scale_{si}"].predict(feed, state=state)["logits"])).float()
+            if logits_hook is not None:
+                logits_hook(si, logits_2BlV)
+            t = cfg * si / (K - 1)
+            idx = sample_top_k_top_p((1 + t) * logits_2BlV[:B] - t * logits_2BlV[B:], top_k, top_p, rng)
+            tokens.append(idx)
+        return tokens, (idx, state)
+
+    def fhat_to_img(self, handle):
+        import numpy as np
+        idx, state = handle
+        img = self.models["decode"].predict({"idx_last": idx.numpy().astype(np.int32)}, state=state)["image"]
+        return torch.from_numpy(np.asarray(img)).float()
+
+    def generate(self, labels_B, seed: Optional[int] = 0, cfg: float = 1.5, top_k: int = 0, top_p: float = 0.0,
+                 more_smooth: bool = False):
+        from bench.models.generator import to_uint8
+        _, handle = self.sample_tokens(labels_B, seed, cfg, top_k, top_p, more_smooth)
+        return to_uint8(self.fhat_to_img(handle).clamp_(-1, 1).add_(1).mul_(0.5))

@@ -60,3 +60,7 @@ def check_seed(seed: Any) -> int:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise ValueError(f"--seed must be an integer in [0, {SEED_MAX}] (2^32 - 1), got {seed!r}")
     return seed
+
+# Core ML compute-unit settings (`varbench latency --device coreml --compute-units`; EVAR Table 5's rows
+# are the first three).
+COMPUTE_UNITS = ("CPU_AND_NE", "ALL", "CPU_AND_GPU", "CPU_ONLY")

@@ -29,6 +29,7 @@ import dataclasses
 import os
 import platform
 import time
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -232,20 +233,54 @@ def run_latency(specs, root=None, ckpt_dir=None, force: bool = False, progress: 
     device, batch, threads, warmup, compile_ = p["device"], p["batch"], p["threads"], p["warmup"], p["compile"]
     if threads:
         torch.set_num_threads(int(threads))
-    configs, timings, gens_cost = [], {}, {}
-    for spec in specs:
-        gen, ctx, timings[spec.key()] = prepared_generator(spec, device, ckpt_dir, progress)
-        card = MODELS.get(spec.model)
-        labels = torch.arange(batch, device=device) % card.var_cfg.num_classes
-        configs.append(Config(label=spec.key(), gen=gen, labels=labels, sampling=dict(spec.sampling)))
-        gens_cost[spec.key()] = (gen, ctx.notes)
-    t = time.perf_counter()
-    res = measure(configs, device, specs[0].n, warmup, seed=specs[0].seed, compile=compile_,
-                  breakdown_reps=breakdown_reps, progress=progress)
-    measure_s = time.perf_counter() - t
+    configs, timings, gens_cost, extra = [], {}, {}, {}
+    coreml = device == "coreml"
+    packages: Dict[tuple, tuple] = {}
+    tmp = None
+    try:
+        for spec in specs:
+            card = MODELS.get(spec.model)
+            labels = torch.arange(batch) % card.var_cfg.num_classes
+            if coreml:   # one package per chain, run under each compute-unit setting
+                from bench.coreml import CoreMLGenerator, export, op_counts, placement
+                chain = tuple(spec.methods)
+                if chain not in packages:
+                    import tempfile
+                    tmp = tmp or Path(tempfile.mkdtemp(prefix="varbench-latency-"))
+                    torch_gen, ctx, tm = prepared_generator(spec, "cpu", ckpt_dir, progress)
+                    t0 = time.perf_counter()
+                    pkg = export(torch_gen, tmp / f"{len(packages)}.mlpackage", batch=batch,
+                                 precision=spec.protocol["precision"], progress=progress,
+                                 metadata={"model": spec.model, "methods": list(chain), "ckpt": spec.ckpt})
+                    packages[chain] = (pkg, torch_gen, ctx, {**tm, "export_s": time.perf_counter() - t0})
+                pkg, torch_gen, ctx, tm = packages[chain]
+                cu = spec.protocol["compute_units"]
+                gen = CoreMLGenerator(pkg, cu, torch_gen.patch_nums, card.var_cfg.num_classes)
+                timings[spec.key()] = {**tm, "coreml_load_s": gen.load_s}
+                ops = placement(pkg, cu)
+                extra[spec.key()] = {"compute_units": cu, "ops_by_function": ops, "package_ops": op_counts(pkg),
+                                     **{f"ops_{d}": sum(f.get(d, 0) for f in ops.values()) for d in ("cpu", "gpu", "npu")}}
+                gens_cost[spec.key()] = (torch_gen, ctx.notes)
+            else:
+                gen, ctx, timings[spec.key()] = prepared_generator(spec, device, ckpt_dir, progress)
+                labels = labels.to(device)
+                gens_cost[spec.key()] = (gen, ctx.notes)
+            configs.append(Config(label=spec.key(), gen=gen, labels=labels, sampling=dict(spec.sampling)))
+        t = time.perf_counter()
+        res = measure(configs, "cpu" if coreml else device, specs[0].n, warmup, seed=specs[0].seed,
+                      compile=compile_, breakdown_reps=breakdown_reps, progress=progress)
+        measure_s = time.perf_counter() - t
+    finally:
+        if tmp is not None:
+            import shutil
+            shutil.rmtree(tmp, ignore_errors=True)
     records = []
-    dev_name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else \
-        f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    if device.startswith("cuda"):
+        dev_name = torch.cuda.get_device_name(torch.device(device))
+    elif coreml:
+        dev_name = f"Core ML ({platform.platform()}, {platform.machine()})"
+    else:
+        dev_name = f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
     for spec in specs:
         r, (gen, notes) = res[spec.key()], gens_cost[spec.key()]
         lat = r["latency_ms"]
@@ -259,6 +294,7 @@ def run_latency(specs, root=None, ckpt_dir=None, force: bool = False, progress: 
                 "breakdown_n": r["breakdown"]["n"], "threads": thread_info()}
         if r["compile_s"] is not None:
             cost["compile_s"] = r["compile_s"]
+        cost.update(extra.get(spec.key(), {}))
         tm = {**timings[spec.key()], "measure_s": measure_s}
         tm["total_s"] = sum(tm.values())
         rec = make_record(spec, metrics, cost, tm, notes=notes, device=dev_name)
@@ -285,6 +321,11 @@ def report(specs, records, labels: Sequence[str]) -> str:
         lines.append(f"{lab[:34]:34s} {m['value']:10.1f} {m['iqr']:8.1f} {m['p90']:9.1f} {ci:>20s} "
                      f"{rec['metrics']['images_per_s']['value']:7.3f} {rec['metrics']['peak_mem_mb']['value']:9.0f} "
                      f"{speed:8.2f}× {flops:10.2f}×")
+    for lab, rec in zip(labels, records):
+        c = rec["cost"]
+        if "ops_cpu" in c:
+            lines.append(f"  {lab[:40]:40s} Core ML ops: CPU {c['ops_cpu']}  GPU {c['ops_gpu']}  NPU {c['ops_npu']}"
+                         f"  (load {rec['timings'].get('coreml_load_s', 0):.2f} s)")
     lines.append("per-scale ms (median of separate synchronised generations; decode = VQVAE decode + uint8):")
     for lab, rec in zip(labels, records):
         c = rec["cost"]

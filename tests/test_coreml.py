@@ -3,6 +3,7 @@ PyTorch: eager and traced export modules against the generator, since the Core M
 exists on macOS), the constant interpolation matrices equal F.interpolate, and a saved package has
 the same op graph after pruning with smaller weights."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -131,3 +132,154 @@ def test_cli_exports_tiny_var_dense_and_pruned(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
     assert op_counts(tmp_path / "dense.mlpackage") == op_counts(tmp_path / "pruned.mlpackage")
     assert weights_bytes(tmp_path / "pruned.mlpackage") < weights_bytes(tmp_path / "dense.mlpackage")
+
+
+# ---------------------------------------------------------------- macOS paths, with the runtime faked
+class _FakeState:
+    def __init__(self, shapes):
+        self.buffers = {n: torch.zeros(s) for n, s in shapes.items()}
+
+
+class _FakeFunction:
+    """Stands in for ``ct.models.MLModel(pkg, compute_units, function_name)``: runs the PyTorch export
+    module of that function on the feeds, reading and writing the shared state as Core ML would."""
+
+    def __init__(self, mods, name, calls):
+        self.mods, self.name, self.calls = mods, name, calls
+
+    def make_state(self):
+        shapes = {}
+        for m in self.mods.values():
+            shapes.update(m.state_shapes())
+        self.calls.append(("make_state", self.name))
+        return _FakeState(shapes)
+
+    @torch.no_grad()
+    def predict(self, feed, state):
+        import numpy as np
+        m = self.mods[self.name]
+        self.calls.append(("predict", self.name))
+        for n in m.state_shapes():
+            getattr(m, n).copy_(state.buffers[n])
+        args = [torch.from_numpy(np.asarray(feed[k])) for k in (("label", "idx_prev") if self.name != "decode" else ("idx_last",))
+                if k in feed]
+        out = m(*args)
+        for n in m.state_shapes():
+            state.buffers[n].copy_(getattr(m, n))
+        return {"image" if self.name == "decode" else "logits": out.numpy()}
+
+
+def test_coreml_generator_host_loop_equals_the_pytorch_generator(small_gen, monkeypatch):
+    import bench.coreml as cm
+    calls = []
+    mods = steps(small_gen, batch=2)
+    monkeypatch.setattr(cm.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(cm, "_mlmodel", lambda pkg, cu, fn: _FakeFunction(mods, fn, calls))
+    g = cm.CoreMLGenerator("unused.mlpackage", "CPU_AND_GPU", small_gen.patch_nums, 5)
+    labels = torch.tensor([1, 3])
+    kw = dict(cfg=1.5, top_k=20, top_p=0.9)
+    toks, _ = g.sample_tokens(labels, seed=9, **kw)
+    ref, _ = small_gen.sample_tokens(labels, seed=9, **kw)
+    assert all(torch.equal(a, b) for a, b in zip(toks, ref))
+    calls.clear()
+    img = g.generate(labels, seed=9, **kw)
+    K = len(small_gen.patch_nums)
+    assert calls == [("make_state", "scale_0")] + [("predict", f"scale_{i}") for i in range(K)] + [("predict", "decode")]
+    want = small_gen.generate(labels, seed=9, **kw)
+    assert img.dtype == torch.uint8 and (img.int() - want.int()).abs().max() <= 1
+    with pytest.raises(ValueError, match="compute units 'GPU'"):
+        cm.CoreMLGenerator("x", "GPU", small_gen.patch_nums, 5)
+    with pytest.raises(ValueError, match="cfg=None"):
+        g.sample_tokens(labels, seed=0, cfg=None)
+
+
+class _Dev:
+    pass
+
+
+def _device(name):
+    return type(name, (_Dev,), {})()
+
+
+def test_placement_counts_each_non_const_op_on_its_preferred_device(monkeypatch):
+    import types
+
+    import bench.coreml as cm
+
+    def op(name, blocks=()):
+        return types.SimpleNamespace(operator_name=name, blocks=list(blocks))
+
+    inner = types.SimpleNamespace(operations=[op("ios18.mul")])
+    fn = types.SimpleNamespace(block=types.SimpleNamespace(operations=[
+        op("ios18.const"), op("ios18.linear"), op("ios18.scaled_dot_product_attention"), op("ios18.gelu"),
+        op("ios18.cond", [inner]), op("ios18.read_state")]))
+    where = {"ios18.linear": "MLNeuralEngineComputeDevice", "ios18.scaled_dot_product_attention": "MLGPUComputeDevice",
+             "ios18.gelu": "MLCPUComputeDevice", "ios18.mul": "MLNeuralEngineComputeDevice", "ios18.cond": "MLCPUComputeDevice"}
+
+    class Plan:
+        model_structure = types.SimpleNamespace(program=types.SimpleNamespace(functions={"scale_0": fn}))
+
+        def get_compute_device_usage_for_mlprogram_operation(self, o):
+            assert o.operator_name != "ios18.const"
+            d = where.get(o.operator_name)
+            return None if d is None else types.SimpleNamespace(preferred_compute_device=_device(d))
+
+    asked = []
+    monkeypatch.setattr(cm.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(cm, "_compute_plan", lambda pkg, cu: asked.append(cu) or Plan())
+    assert cm.placement("p.mlpackage", "ALL") == {"scale_0": {"cpu": 2, "gpu": 1, "npu": 2, "none": 1}}
+    assert asked == ["ALL"]
+
+
+def test_macos_only_paths_say_so_elsewhere(monkeypatch):
+    import bench.coreml as cm
+    monkeypatch.setattr(cm.platform, "system", lambda: "Linux")
+    for call in (lambda: cm.placement("p", "ALL"), lambda: cm.CoreMLGenerator("p", "ALL", (1, 2), 5)):
+        with pytest.raises(ValueError, match="macOS only .* `varbench coreml export`"):
+            call()
+
+
+@pytest.mark.slow
+def test_latency_cli_on_coreml_with_the_runtime_faked(tmp_path, capsys, monkeypatch):
+    """`varbench latency --device coreml` end to end (real export, real host loop, records), with only
+    the Core ML runtime calls (MLModel, MLComputePlan) replaced by PyTorch stand-ins."""
+    import types
+
+    import bench.coreml as cm
+    from bench.cli import main
+    from bench.method import Context, apply_chain
+    from bench.records import read_record
+    from bench.registry import MODELS
+    calls = []
+
+    def fake_mlmodel(pkg, cu, fn):
+        meta = json.loads((Path(pkg) / "varbench.json").read_text())
+        gen = apply_chain(MODELS.get(meta["model"])(), meta["methods"], Context(progress=False))
+        return _FakeFunction(steps(gen, 1), fn, calls)
+
+    class Plan:
+        def __init__(self, pkg):
+            self.pkg = pkg
+            fns = {n: types.SimpleNamespace(block=types.SimpleNamespace(operations=[
+                types.SimpleNamespace(operator_name="ios18.linear", blocks=[])] * 3)) for n in ("scale_0", "decode")}
+            self.model_structure = types.SimpleNamespace(program=types.SimpleNamespace(functions=fns))
+
+        def get_compute_device_usage_for_mlprogram_operation(self, o):
+            return types.SimpleNamespace(preferred_compute_device=_device("MLGPUComputeDevice"))
+
+    monkeypatch.setattr(cm.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(cm, "_mlmodel", fake_mlmodel)
+    monkeypatch.setattr(cm, "_compute_plan", lambda pkg, cu: Plan(pkg))
+    argv = ["latency", "--model", "tiny-var", "--device", "coreml", "--compute-units", "ALL", "--compute-units",
+            "CPU_AND_GPU", "--method", "dense", "--method", "magnitude:sparsity=0.4", "--reps", "3", "--warmup", "1",
+            "--quiet", "--results", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "dense @ ALL" in out and "magnitude:sparsity=0.4 @ CPU_AND_GPU" in out and "GPU 6" in out
+    recs = [read_record(p) for p in tmp_path.glob("tiny/tiny-var/latency/*.json")]
+    assert len(recs) == 4
+    for r in recs:
+        p = r["spec"]["protocol"]
+        assert p["device"] == "coreml" and p["compute_units"] in ("ALL", "CPU_AND_GPU") and p["precision"] == "fp16"
+        assert r["cost"]["ops_gpu"] == 6 and r["cost"]["ops_cpu"] == 0 and r["metrics"]["latency_ms"]["value"] > 0
+        assert "scale_0" in r["cost"]["package_ops"] and r["timings"]["export_s"] > 0

@@ -19,7 +19,7 @@ class LatencyBench(Bench):
     num_classes = 1
 
     def __init__(self, device: str = "cpu", batch: int = 1, threads: Optional[int] = None, compile: bool = False,
-                 warmup: int = 2):
+                 warmup: int = 2, compute_units: Optional[str] = None, precision: str = "fp16"):
         if batch < 1:
             raise ValueError(f"--batch {batch}: must be ≥ 1")
         if warmup < 1:
@@ -27,12 +27,22 @@ class LatencyBench(Bench):
         if threads is not None and threads < 1:
             raise ValueError(f"--threads {threads}: must be ≥ 1")
         self.device, self.batch, self.compile, self.warmup = device, batch, compile, warmup
+        if device == "coreml":
+            from bench.defaults import COMPUTE_UNITS
+            if compute_units not in COMPUTE_UNITS:
+                raise ValueError(f"--compute-units {compute_units!r}: expected one of {', '.join(COMPUTE_UNITS)}")
+        elif compute_units is not None:
+            raise ValueError("--compute-units applies to --device coreml only")
+        self.compute_units, self.precision = compute_units, precision
         self.threads = threads if threads is not None else (os.cpu_count() or 1)
 
     def identity(self) -> Dict[str, object]:
         dev = self.device.split(":")[0]
-        return {"version": self.version, "device": dev, "batch": self.batch,
-                "threads": self.threads if dev == "cpu" else None, "compile": self.compile, "warmup": self.warmup}
+        out = {"version": self.version, "device": dev, "batch": self.batch,
+               "threads": self.threads if dev == "cpu" else None, "compile": self.compile, "warmup": self.warmup}
+        if dev == "coreml":   # only Core ML runs carry these (older records keep their keys)
+            out.update(compute_units=self.compute_units, precision=self.precision)
+        return out
 
     @classmethod
     def check_n(cls, n) -> int:
@@ -44,4 +54,5 @@ class LatencyBench(Bench):
     def args_from_protocol(cls, protocol: Optional[Mapping]) -> Dict[str, object]:
         """The constructor arguments a recorded protocol was made with (to re-make its spec)."""
         p = dict(protocol or {})
-        return {k: p[k] for k in ("device", "batch", "threads", "compile", "warmup") if p.get(k) is not None}
+        keys = ("device", "batch", "threads", "compile", "warmup", "compute_units", "precision")
+        return {k: p[k] for k in keys if p.get(k) is not None}
