@@ -144,11 +144,22 @@ def _cmd_table(args) -> int:
                 print(f"[{spec.name} {i + 1}/{len(runs)}] weight-free accounting of {rs.label()}", file=sys.stderr)
                 account(rs, root)
         elif not args.no_run:
+            from bench.registry import BENCHES
             from bench.runner import preflight, run
             for rs in runs:
                 preflight(rs, root)
             for i, rs in enumerate(runs):
                 print(f"[{spec.name} {i + 1}/{len(runs)}] {rs.label()}", file=sys.stderr)
+                if BENCHES.get(rs.bench).kind == "timing":
+                    import platform
+
+                    from bench.latency import run_latency
+                    if rs.protocol.get("device") == "coreml" and platform.system() != "Darwin":
+                        print(f"  not run: Core ML latency and op placement need macOS (this is "
+                              f"{platform.system()}); `--weight-free` fills the package op counts", file=sys.stderr)
+                        continue
+                    run_latency([rs], root=root, ckpt_dir=args.ckpt_dir, force=args.force, progress=not args.quiet)
+                    continue
                 run(rs, root=root, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet,
                     device=_device(args, world))
         from bench.records import load_accounting

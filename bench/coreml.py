@@ -29,6 +29,8 @@ exported (a method must change weights only).
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -36,6 +38,7 @@ import platform
 import shutil
 import tempfile
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -177,8 +180,12 @@ class MissingDependency(ValueError):
 
 
 def _ct():
+    import logging
     try:
-        import coremltools as ct
+        with warnings.catch_warnings():   # "Torch version … has not been tested", absent macOS runtime
+            warnings.simplefilter("ignore")
+            import coremltools as ct
+        logging.getLogger("coremltools").setLevel(logging.ERROR)
     except ImportError:
         raise MissingDependency("Core ML export and op counts need coremltools: pip install 'coremltools>=8'") from None
     return ct
@@ -203,16 +210,20 @@ def export(gen, out: str | os.PathLike, batch: int = 1, precision: str = "fp16",
         mods = steps(gen, batch)
         for name, mod in tqdm(mods.items(), desc="core ml functions", disable=not progress):
             ex = example_inputs(gen, name, batch)
-            with torch.no_grad():
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)   # coremltools 9 converts traces, not exports
                 traced = torch.jit.trace(mod.eval(), ex, check_trace=False)
             names = ["label", "idx_prev"] if name.startswith("scale_") else ["idx_last"]
             inputs = [ct.TensorType(name=n, shape=tuple(t.shape), dtype=np.int32) for n, t in zip(names, ex)]
             states = [ct.StateType(wrapped_type=ct.TensorType(shape=s, dtype=dtype), name=n)
                       for n, s in mod.state_shapes().items()]
-            ml = ct.convert(traced, inputs=inputs, states=states,
-                            outputs=[ct.TensorType(name="image" if name == "decode" else "logits", dtype=dtype)],
-                            convert_to="mlprogram", minimum_deployment_target=ct.target.iOS18,
-                            compute_precision=ct.precision.FLOAT16 if precision == "fp16" else ct.precision.FLOAT32)
+            # coremltools draws a progress bar per pass pipeline on stderr: kept only with progress on
+            quiet = contextlib.redirect_stderr(io.StringIO()) if not progress else contextlib.nullcontext()
+            with quiet:
+                ml = ct.convert(traced, inputs=inputs, states=states,
+                                outputs=[ct.TensorType(name="image" if name == "decode" else "logits", dtype=dtype)],
+                                convert_to="mlprogram", minimum_deployment_target=ct.target.iOS18,
+                                compute_precision=ct.precision.FLOAT16 if precision == "fp16" else ct.precision.FLOAT32)
             path = tmp / f"{name}.mlpackage"
             ml.save(str(path))
             desc.add_function(str(path), src_function_name="main", target_function_name=name)
@@ -221,7 +232,8 @@ def export(gen, out: str | os.PathLike, batch: int = 1, precision: str = "fp16",
             shutil.rmtree(out) if out.is_dir() else out.unlink()
         out.parent.mkdir(parents=True, exist_ok=True)
         staged = tmp / "merged.mlpackage"
-        ct.utils.save_multifunction(desc, str(staged))
+        with contextlib.redirect_stderr(io.StringIO()) if not progress else contextlib.nullcontext():
+            ct.utils.save_multifunction(desc, str(staged))
         if metadata:
             (staged / "varbench.json").write_text(json.dumps(metadata, indent=1, sort_keys=True))
         shutil.move(str(staged), str(out))   # the package appears complete or not at all

@@ -258,7 +258,9 @@ def run_latency(specs, root=None, ckpt_dir=None, force: bool = False, progress: 
                 gen = CoreMLGenerator(pkg, cu, torch_gen.patch_nums, card.var_cfg.num_classes)
                 timings[spec.key()] = {**tm, "coreml_load_s": gen.load_s}
                 ops = placement(pkg, cu)
-                extra[spec.key()] = {"compute_units": cu, "ops_by_function": ops, "package_ops": op_counts(pkg),
+                counts = op_counts(pkg)
+                extra[spec.key()] = {"compute_units": cu, "ops_by_function": ops, "package_ops_by_function": counts,
+                                     "package_ops": sum(n for f in counts.values() for t, n in f.items() if t != "const"),
                                      **{f"ops_{d}": sum(f.get(d, 0) for f in ops.values()) for d in ("cpu", "gpu", "npu")}}
                 gens_cost[spec.key()] = (torch_gen, ctx.notes)
             else:

@@ -157,6 +157,7 @@ def table_cells(table, world: str, n: Optional[int] = None, seed: int = 0,
                                                         f"not implemented in varbench yet"))
                 continue
             cells.append(Cell(row.label, gi, make_spec(model, chain, bench=bench_name, n=n, seed=seed,
+                                                       bench_args=row.bench_args,
                                                        sampling=sampling, world=world, ckpt_dir=ckpt_dir,
                                                        need_ckpt=need_ckpt)))
     return cells
@@ -175,8 +176,9 @@ def match_records(specs: Iterable[RunSpec], records: Mapping[str, Mapping[str, A
     """(found, stale): per spec key, its record if present, and the stale records of the same request.
 
     A spec without checkpoint identity (files absent here) matches on every other field. A record is
-    a stale candidate for a spec when it has the same model, bench, n, seed, requested chain and
-    requested sampling overrides but another key.
+    a stale candidate for a spec when it has the same model, bench, n, seed, requested chain,
+    requested sampling overrides and bench setting (the latency bench's device, compute units, …) but
+    another key.
     """
     specs = list(specs)
     by_key = {r["run_id"]: r for r in records.values()}
@@ -191,10 +193,12 @@ def match_records(specs: Iterable[RunSpec], records: Mapping[str, Mapping[str, A
             found[sp.key()] = rec
             continue
         req = sp.requested or {}
+        setting = BENCHES.get(sp.bench).args_from_protocol(sp.protocol) if sp.bench in BENCHES else {}
         for r in records.values():
             s, r_req = r["spec"], r["spec"].get("requested") or {}
             if (s["model"], s["bench"], s["n"], s["seed"], s["world"]) == (sp.model, sp.bench, sp.n, sp.seed, sp.world) \
                     and r_req.get("methods", s["methods"]) == req.get("methods") \
-                    and (r_req.get("sampling") or {}) == (req.get("sampling") or {}):
+                    and (r_req.get("sampling") or {}) == (req.get("sampling") or {}) \
+                    and (not setting or BENCHES.get(sp.bench).args_from_protocol(s.get("protocol")) == setting):
                 stale.setdefault(sp.key(), []).append(r)
     return found, stale

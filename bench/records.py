@@ -423,7 +423,7 @@ def record_paths(root: str | os.PathLike | None = None, world: Optional[str] = N
 # chain, method versions and sampling (no checkpoint, bench, n or seed), and holds only ``cost``.
 # A table cell uses it for weight-free columns only when its run record is missing (footnoted).
 
-WEIGHT_FREE_METRICS = ("params", "tokenizer_params", "flops", "flops_no_cfg")
+WEIGHT_FREE_METRICS = ("params", "tokenizer_params", "flops", "flops_no_cfg", "package_ops")
 ACCOUNTING_KIND = "weight-free accounting"
 
 
@@ -438,10 +438,13 @@ def accounting_path(root: str | os.PathLike | None, spec: "RunSpec") -> Path:
 
 
 def write_accounting(root: str | os.PathLike | None, spec: "RunSpec", cost: Mapping[str, Any]) -> Path:
-    """Write the weight-free accounting record of ``spec`` atomically."""
+    """Write the weight-free accounting record of ``spec`` atomically, keeping figures of an existing
+    one that this accounting did not compute (e.g. a Core ML package's op count)."""
     bad = sorted(k for k, v in cost.items() if k not in WEIGHT_FREE_METRICS or not _finite(v))
     if bad:
         raise ValueError(f"accounting record: only finite {', '.join(WEIGHT_FREE_METRICS)} are allowed, got {bad}")
+    old = load_accounting(root, spec.world).get(accounting_key(spec))
+    cost = {**(old or {}).get("cost", {}), **cost}
     rec = {"kind": ACCOUNTING_KIND, "key": accounting_key(spec), "world": spec.world, "model": spec.model,
            "methods": list(spec.methods), "method_versions": spec.method_versions, "sampling": dict(spec.sampling),
            "requested": spec.requested, "cost": dict(cost), "env": environment("meta"),

@@ -48,6 +48,7 @@ Spec format
       - {label: VAR-d20, model: {paper: var-d20}, methods: []}  # own model; none in tiny -> no run
       - {label: LlamaGen-L, paper_only: true, info: {type: AR}}  # never run: not a varbench model
       - {label: Dense, methods: [], rank: false}     # rank: false leaves the row out of Kendall's tau
+      - {label: ALL, methods: [], bench_args: {device: coreml, compute_units: ALL}}  # the bench's setting
 
     paper:                        # the paper's numbers: row label -> column id -> number
       SlimGPT: {tf40_fid: 138.91}                    # (or a string shown verbatim, or null)
@@ -159,6 +160,7 @@ class Row:
     note: Optional[str] = None
     info: Dict[str, Any] = dataclasses.field(default_factory=dict)
     rank: bool = True                          # counted in the Kendall tau against the paper
+    bench_args: Dict[str, Any] = dataclasses.field(default_factory=dict)   # the bench's setting for this row
 
 
 def _keys(d: Any, allowed: Iterable[str], required: Iterable[str], where: str) -> dict:
@@ -307,7 +309,8 @@ def _parse_column(c: Any, group: int, where: str) -> Column:
 
 
 def _parse_row(r: Any, where: str) -> Row:
-    r = _keys(r, ("label", "method", "methods", "paper_only", "model", "note", "info", "rank"), ("label",), where)
+    r = _keys(r, ("label", "method", "methods", "paper_only", "model", "note", "info", "rank", "bench_args"),
+              ("label",), where)
     kinds = [k for k in ("method", "methods", "paper_only") if r.get(k) not in (None, False)]  # [] counts
     if len(kinds) != 1:
         raise TableSpecError(f"{where}: give exactly one of method, methods, paper_only (got {kinds or 'none'})")
@@ -325,8 +328,13 @@ def _parse_row(r: Any, where: str) -> Row:
     model = r.get("model")
     if model is not None and not isinstance(model, dict):
         raise TableSpecError(f"{where}: model must be a mapping world -> model name")
+    bench_args = r.get("bench_args") or {}
+    if not isinstance(bench_args, dict):
+        raise TableSpecError(f"{where}: bench_args must be a mapping (the bench's setting, e.g. the latency "
+                             f"bench's device and compute_units)")
     return Row(label=str(r["label"]), method=method, methods=methods, paper_only=bool(r.get("paper_only")),
-               model=model, note=r.get("note"), info=dict(r.get("info") or {}), rank=bool(r.get("rank", True)))
+               model=model, note=r.get("note"), info=dict(r.get("info") or {}), rank=bool(r.get("rank", True)),
+               bench_args=dict(bench_args))
 
 
 def parse_spec(data: Any, name: str, path: Optional[Path] = None) -> TableSpec:
@@ -540,7 +548,11 @@ def build_table(spec: TableSpec, world: str, cells: Sequence[Any], found: Mappin
                 got = _measure(rec, col.metric) if rec is not None else None
                 if got is None and acc is not None and col.metric in WEIGHT_FREE_METRICS:
                     got = _measure(acc, col.metric)
-                    if got is not None:
+                    if got is not None and col.metric == "package_ops":
+                        marks.append(notes.mark(f"{col.header}: counted in a Core ML package exported from seeded "
+                                                f"random weights of the same sizes (no run record; "
+                                                f"`varbench table --weight-free`)"))
+                    elif got is not None:
                         marks.append(notes.mark(f"{col.header}: weight-free accounting on the meta device "
                                                 f"(no run record yet; `varbench table --weight-free`)"))
                 ours = stderr = None

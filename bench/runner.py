@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Dict
 
 import torch
@@ -150,6 +151,28 @@ def prepared_generator(spec: RunSpec, device: str = "cpu", ckpt_dir=None, progre
     return gen, ctx, {"load_s": load_s, "methods_s": time.perf_counter() - t1}
 
 
+_PACKAGE_OPS: Dict[tuple, int] = {}
+
+
+def package_ops(spec: RunSpec, var_cfg) -> int:
+    """Non-const op count of the Core ML package of ``spec``'s model at the sizes ``var_cfg`` (seeded
+    random weights: the op graph does not depend on the values). One export per sizes, batch and
+    precision in a process (a table's compute-unit rows share it)."""
+    import tempfile
+
+    from bench.coreml import export, op_counts
+    p = spec.protocol or {}
+    key = (spec.model, repr(var_cfg), p.get("batch", 1), p.get("precision", "fp16"))
+    if key not in _PACKAGE_OPS:
+        torch.manual_seed(0)
+        gen = MODELS.get(spec.model).build(var_cfg=var_cfg).eval()
+        with tempfile.TemporaryDirectory(prefix="varbench-ops-") as tmp:
+            counts = op_counts(export(gen, Path(tmp) / "m.mlpackage", batch=p.get("batch", 1),
+                                      precision=p.get("precision", "fp16"), progress=False))
+        _PACKAGE_OPS[key] = sum(n for f in counts.values() for t, n in f.items() if t != "const")
+    return _PACKAGE_OPS[key]
+
+
 def account(spec: RunSpec, root=None) -> Dict:
     """Weight-free accounting of ``spec`` on the meta device (no checkpoint, no data): parameter
     counts and sampling FLOPs of the model after its method chain (recovery methods change no size
@@ -160,5 +183,7 @@ def account(spec: RunSpec, root=None) -> Dict:
     cost = {"params": count_params(gen.var), "tokenizer_params": count_params(gen.vae),
             "flops": sampling_flops(gen, **spec.sampling),
             "flops_no_cfg": sampling_flops(gen, **{**spec.sampling, "cfg": None})}
+    if spec.bench == "latency" and (spec.protocol or {}).get("device") == "coreml":
+        cost["package_ops"] = package_ops(spec, gen.var.cfg)
     write_accounting(root, spec, cost)
     return json.loads(accounting_path(root, spec).read_text())

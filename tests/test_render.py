@@ -43,7 +43,8 @@ def test_every_spec_loads_plans_and_renders_with_aligned_rows(name, tmp_path):
         assert (c.spec is None) != (c.reason is None)   # a run, or the reason it has none
     specs = unique_specs(cells)
     assert len({s.key() for s in specs}) == len(specs)
-    assert all((s.world, s.model, s.bench) == ("tiny", "tiny-var", "shapes-c2i") for s in specs)
+    assert all((s.world, s.model, s.bench) == ("tiny", "tiny-var", t.bench_for("tiny")) for s in specs)
+    assert t.bench_for("tiny") in ("shapes-c2i", "latency")
     out = render(t, "tiny", cells, {}, out_dir=tmp_path)
     lines = [ln for ln in out["md"].splitlines() if ln.startswith("|")]
     assert len(lines) == 2 + len(t.rows) and len({len(ln) for ln in lines}) == 1, "ragged Markdown table"

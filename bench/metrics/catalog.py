@@ -69,6 +69,11 @@ for _m in (
                "peak memory during the timed generations: CUDA max allocated, or the process's CPU RSS high-water mark"),
     MetricInfo("latency_ms_per_image", "ms / image", "lower", "{:.1f}",
                "sampling wall time of the run divided by its images (batched, this machine)"),
+    MetricInfo("ops_cpu", "#CPU ops", None, "{:.0f}", "Core ML: non-const ops whose preferred device is the CPU (MLComputePlan), all functions"),
+    MetricInfo("ops_gpu", "#GPU ops", None, "{:.0f}", "Core ML: non-const ops whose preferred device is the GPU (MLComputePlan), all functions"),
+    MetricInfo("ops_npu", "#NPU ops", None, "{:.0f}", "Core ML: non-const ops whose preferred device is the Neural Engine, all functions"),
+    MetricInfo("package_ops", "#ops (package)", None, "{:.0f}",
+               "non-const ops of the exported Core ML package, all functions (read from the package; Linux too)"),
     MetricInfo("images_per_s", "Images / s", "higher", "{:.2f}",
                "throughput: images per second (a run's batched sampling, or the latency bench's batch / median)"),
 ):
