@@ -105,3 +105,19 @@ def test_official_per_scale_adaln_gives_the_same_tokens(small_gen):
     a, fa = small_gen.sample_tokens(LABELS, seed=2, cfg=CFG, top_k=TOP_K, top_p=TOP_P)
     b, fb = small_gen.sample_tokens(LABELS, seed=2, cfg=CFG, top_k=TOP_K, top_p=TOP_P, cache_adaln=False)
     assert all(torch.equal(x, y) for x, y in zip(a, b)) and torch.equal(fa, fb)
+
+
+def test_training_loss_is_the_mean_token_cross_entropy_of_teacher_forcing(small_gen):
+    """Generator.loss (the FT/KD objective) = mean CE of the teacher-forced logits over every token."""
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(6)
+    V = small_gen.var.V
+    tokens = [torch.randint(0, V, (2, pn * pn), generator=g) for pn in small_gen.patch_nums]
+    labels = torch.tensor([1, 4])
+    small_gen.eval()
+    logits = small_gen.forward_teacher(labels, tokens)
+    want = F.cross_entropy(logits.reshape(-1, V), torch.cat(tokens, 1).reshape(-1))
+    assert torch.allclose(small_gen.loss(labels, tokens), want, atol=1e-6)
+    flipped = [t.clone() for t in tokens]
+    flipped[-1][0, -1] = (flipped[-1][0, -1] + 1) % V          # the last token counts too
+    assert not torch.allclose(small_gen.loss(labels, flipped), want)
