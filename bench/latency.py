@@ -128,6 +128,7 @@ def per_scale(cfg: Config, timer: Timer, seed: int, reps: int) -> Dict[str, obje
     import torch
 
     from bench.models.generator import to_uint8
+    from bench.models.heap import reuse_heap
     rows: List[List[float]] = []
     decode: List[float] = []
     for r in range(reps):
@@ -139,7 +140,7 @@ def per_scale(cfg: Config, timer: Timer, seed: int, reps: int) -> Dict[str, obje
 
         timer.sync()
         t0 = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), reuse_heap(not timer.cuda):   # as Generator.generate does
             _, f_hat = cfg.gen.sample_tokens(cfg.labels, seed=seed + r, logits_hook=hook, **cfg.sampling)
             timer.sync()
             t1 = time.perf_counter()

@@ -121,3 +121,21 @@ def test_training_loss_is_the_mean_token_cross_entropy_of_teacher_forcing(small_
     flipped = [t.clone() for t in tokens]
     flipped[-1][0, -1] = (flipped[-1][0, -1] + 1) % V          # the last token counts too
     assert not torch.allclose(small_gen.loss(labels, flipped), want)
+
+
+def test_reuse_heap_keeps_values_and_restores_mmap(small_gen, monkeypatch):
+    """The heap context changes where memory comes from, never a value; it is a no-op when disabled."""
+    import bench.models.heap as heap
+    calls = []
+    monkeypatch.setattr(heap, "_MALLOPT", lambda opt, val: calls.append((opt, val)) or 1)
+    labels = torch.tensor([0, 3])
+    with torch.no_grad():
+        a = small_gen.generate(labels, seed=1, cfg=CFG, top_k=TOP_K, top_p=TOP_P)
+    assert calls[:3] == [(heap.M_TRIM_THRESHOLD, heap.KEEP_FREED), (heap.M_MMAP_THRESHOLD, heap.MMAP_THRESHOLD_CEILING),
+                         (heap.M_MMAP_MAX, 0)] and calls[-1] == (heap.M_MMAP_MAX, heap.MMAP_MAX_DEFAULT)
+    calls.clear()
+    with heap.reuse_heap(False) as on:
+        assert on is False and calls == []
+    monkeypatch.setattr(heap, "_MALLOPT", None)
+    with torch.no_grad():
+        assert torch.equal(small_gen.generate(labels, seed=1, cfg=CFG, top_k=TOP_K, top_p=TOP_P), a)

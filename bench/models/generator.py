@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from bench.defaults import SAMPLING
+from bench.models.heap import reuse_heap
 from bench.models.policy import TokenPolicy
 from bench.models.var import VAR
 from bench.models.vqvae import VQVAE
@@ -134,9 +135,11 @@ class Generator(nn.Module):
     @torch.no_grad()
     def generate(self, labels_B: torch.Tensor, seed: Optional[int] = 0, cfg: Optional[float] = SAMPLING["cfg"],
                  top_k: int = SAMPLING["top_k"], top_p: float = SAMPLING["top_p"], more_smooth: bool = False) -> torch.Tensor:
-        """Class-conditional images, uint8 [B, 3, H, W]."""
-        _, f_hat = self.sample_tokens(labels_B, seed, cfg, top_k, top_p, more_smooth)
-        return to_uint8(self.vae.fhat_to_img(f_hat).add_(1).mul_(0.5))
+        """Class-conditional images, uint8 [B, 3, H, W]. On the CPU, large activations are kept on the
+        heap across calls (``bench.models.heap``: no page faults, the same values)."""
+        with reuse_heap(self.device.type == "cpu"):
+            _, f_hat = self.sample_tokens(labels_B, seed, cfg, top_k, top_p, more_smooth)
+            return to_uint8(self.vae.fhat_to_img(f_hat).add_(1).mul_(0.5))
 
     # ------------------------------------------------------------------ teacher forcing
     def forward_teacher(self, labels_B: torch.Tensor, tokens: Sequence[torch.Tensor]) -> torch.Tensor:
