@@ -429,3 +429,21 @@ def test_evaluate_adm_protocol_settings(tmp_path, monkeypatch):
     assert args[1] is ref and args[4] == 9
     assert kw["extractor"] == "inception-v3-compat" and kw["isc_splits"] == 2 and kw["isc_shuffle"] is False
     assert kw["kid_subset_size"] == 1000 and kw["prc_neighborhood"] == 3 and kw["weights_path"] == weights
+
+
+def test_bootstrap_can_leave_kid_out_without_changing_any_other_number():
+    """shapes-c2i v2 bootstraps FID/IS/P/R only: their values and errors equal the all-metric
+    bootstrap's (the same resample draws); KID keeps its value and reports the subset std instead."""
+    import torch
+
+    from bench.metrics.fidelity import evaluate
+    g = torch.Generator().manual_seed(0)
+    fake = {"features": torch.randn(80, 16, generator=g), "logits": torch.randn(80, 10, generator=g)}
+    ref = torch.randn(100, 16, generator=g) + 0.3
+    kw = dict(bootstrap=5, seed=3, kid_subsets=20, kid_subset_size=50)
+    full = evaluate(fake, ref, **kw)
+    part = evaluate(fake, ref, bootstrap_metrics=("fid", "is", "precision", "recall"), **kw)
+    for m in ("fid", "is", "precision", "recall"):
+        assert (part[m]["value"], part[m]["stderr"]) == (full[m]["value"], full[m]["stderr"])
+    assert part["kid"]["value"] == full["kid"]["value"] and part["kid"]["stderr"] is None
+    assert part["kid"]["subset_std"] > 0 and "subsets" in part["kid"]["error"]

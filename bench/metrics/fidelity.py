@@ -39,7 +39,7 @@ import torch
 from torch.utils.data import Dataset
 from torch_fidelity.metric_fid import fid_features_to_statistics, fid_statistics_to_metric
 from torch_fidelity.metric_isc import isc_features_to_metric
-from torch_fidelity.metric_kid import KEY_METRIC_KID_MEAN, kid_features_to_metric
+from torch_fidelity.metric_kid import KEY_METRIC_KID_MEAN, KEY_METRIC_KID_STD, kid_features_to_metric
 from torch_fidelity.metric_prc import KEY_METRIC_PRECISION, KEY_METRIC_RECALL, prc_features_to_metric
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
 from torch_fidelity.utils import create_feature_extractor, get_featuresdict_from_dataset
@@ -165,8 +165,10 @@ def isc_from_logits(logits_NK, splits: int = 10, shuffle: bool = True, seed: int
                  ["inception_score_mean"])
 
 
-def kid_from_features(feats1_ND, feats2_MD, subsets: int = 100, subset_size: int = 1000, seed: int = 2020) -> float:
-    """Kernel Inception Distance (unbiased MMD², cubic kernel), mean over random subsets.
+def kid_from_features(feats1_ND, feats2_MD, subsets: int = 100, subset_size: int = 1000, seed: int = 2020,
+                      return_std: bool = False):
+    """Kernel Inception Distance (unbiased MMD², cubic kernel), mean over random subsets (with
+    ``return_std``: ``(mean, std over the subsets)``, torch-fidelity's two outputs).
 
     ``subset_size`` is capped at the smaller set. When both sets are exactly one subset big, every
     subset is the same set, so one is computed instead of ``subsets`` identical ones.
@@ -179,6 +181,8 @@ def kid_from_features(feats1_ND, feats2_MD, subsets: int = 100, subset_size: int
         subsets = 1
     out = kid_features_to_metric(f1, f2, kid_subsets=int(subsets), kid_subset_size=size, rng_seed=seed,
                                  verbose=False)
+    if return_std:
+        return float(out[KEY_METRIC_KID_MEAN]), float(out[KEY_METRIC_KID_STD])
     return float(out[KEY_METRIC_KID_MEAN])
 
 
@@ -265,7 +269,8 @@ def _check_inputs(names: Sequence[str], fake: FeatureSet, ref: Optional[FeatureS
 def evaluate(fake, ref=None, metrics: Iterable[str] = DEFAULT_METRICS, bootstrap: int = 10, seed: int = 0, *,
              extractor: str = DEFAULT_EXTRACTOR, weights_path=None, batch_size: int = 64, device=None,
              isc_splits: int = 10, isc_shuffle: bool = True, kid_subsets: int = 100, kid_subset_size: int = 1000,
-             prc_neighborhood: int = 3, progress: bool = False) -> Dict[str, Dict[str, Any]]:
+             prc_neighborhood: int = 3, progress: bool = False,
+             bootstrap_metrics: Optional[Iterable[str]] = None) -> Dict[str, Dict[str, Any]]:
     """Fidelity metrics of generated samples against a reference, with bootstrap standard errors.
 
     ``fake``: uint8 images ``[N,3,H,W]`` or a feature set (see :func:`as_feature_set`).
@@ -274,6 +279,11 @@ def evaluate(fake, ref=None, metrics: Iterable[str] = DEFAULT_METRICS, bootstrap
     Features are extracted once with ``extractor``; ``bootstrap`` resamples of the generated rows
     give ``stderr`` (``None`` when ``bootstrap=0``). ``seed`` drives the resampling, the KID subsets
     and the IS shuffle, so results are deterministic.
+
+    ``bootstrap_metrics``: the metrics that get bootstrap errors (default: all). KID left out of it
+    carries torch-fidelity's standard deviation over its random subsets as ``subset_std`` instead
+    (its mean is already an average over ``kid_subsets`` subsets; bootstrapping it costs most of
+    the evaluation).
 
     Returns ``{name: {"value": float, "stderr": float|None, "n": N, "higher_is_better": bool,
     "error": "bootstrap over generated samples, B resamples"}}``.
@@ -290,21 +300,28 @@ def evaluate(fake, ref=None, metrics: Iterable[str] = DEFAULT_METRICS, bootstrap
         ref_stats = ({"mu": ref_fs["mu"], "sigma": ref_fs["sigma"]} if ref_fs["mu"] is not None
                      else fid_statistics(ref_fs["features"]))
 
+    boot_names = [m for m in names if bootstrap_metrics is None or m in set(bootstrap_metrics)]
     values = _compute(names, fake_fs, ref_fs, ref_stats, opts)
+    extra: Dict[str, Dict[str, Any]] = {name: {} for name in names}
+    if "kid" in names and "kid" not in boot_names:
+        _, std = kid_from_features(fake_fs["features"], ref_fs["features"], kid_subsets, kid_subset_size, seed,
+                                   return_std=True)
+        extra["kid"] = {"subset_std": std, "error": f"no bootstrap; subset_std: std over {kid_subsets} random "
+                                                    f"subsets (torch-fidelity)"}
     n = len(fake_fs["features"] if fake_fs["features"] is not None else fake_fs["logits"])
 
     rng = np.random.default_rng(seed)
-    boot: Dict[str, list] = {name: [] for name in names}
-    for _ in range(int(bootstrap)):
+    boot: Dict[str, list] = {name: [] for name in boot_names}
+    for _ in range(int(bootstrap) if boot_names else 0):
         idx = torch.from_numpy(rng.integers(0, n, size=n))
         resampled = {k: (fake_fs[k][idx] if fake_fs.get(k) is not None else None) for k in ("features", "logits")}
-        for name, v in _compute(names, resampled, ref_fs, ref_stats, opts).items():
+        for name, v in _compute(boot_names, resampled, ref_fs, ref_stats, opts).items():
             boot[name].append(v)
 
     error = f"bootstrap over generated samples, {int(bootstrap)} resamples" if bootstrap else "none (bootstrap=0)"
     return {name: {"value": values[name],
-                   "stderr": float(np.std(boot[name], ddof=1)) if len(boot[name]) > 1 else None,
-                   "n": n, "higher_is_better": HIGHER_IS_BETTER[name], "error": error}
+                   "stderr": float(np.std(boot[name], ddof=1)) if len(boot.get(name, ())) > 1 else None,
+                   "n": n, "higher_is_better": HIGHER_IS_BETTER[name], "error": error, **extra[name]}
             for name in names}
 
 
