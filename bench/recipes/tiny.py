@@ -268,11 +268,31 @@ def _run_pinned(isa: str, out: Path, recipe: dict, n_val: int, progress: bool) -
     return json.loads((out / "manifest.json").read_text())["models"]["feature-cnn"]["quality"]["val_accuracy"]
 
 
+def warn_if_other_simd(stage: str) -> Optional[str]:
+    """A stage that is not ISA-pinned reproduces the shipped file only on the SIMD level it was
+    trained on (recorded as ``cpu_capability`` in the shipped manifest): say so before training."""
+    from bench.resources import tiny_assets_dir
+    try:
+        shipped = json.loads((tiny_assets_dir() / "manifest.json").read_text())["models"][stage]["cpu_capability"]
+    except (OSError, ValueError, KeyError):
+        return None
+    here = torch.backends.cpu.get_cpu_capability()
+    if here == shipped:
+        return None
+    msg = (f"note: {stage} is trained with this machine's {here} kernels; the shipped file was trained on "
+           f"{shipped}, so the retrained file will not match its sha256 (same recipe, different rounding)")
+    print(msg, file=sys.stderr)
+    return msg
+
+
 def run(out: Path, stages=STAGES, progress: bool = True, eval_per_class: int = 50) -> None:
     """Train the requested stages in order; each stage saves its checkpoint and manifest entry.
 
     Each stage runs under its recipe's thread count (``pinned_threads``), recorded as ``threads``."""
     out.mkdir(parents=True, exist_ok=True)
+    for stage, name in (("vqvae", "tiny-vqvae"), ("var", "tiny-var")):
+        if stage in stages:
+            warn_if_other_simd(name)
     if "vqvae" in stages:
         recipe = VAE_RECIPE
         with pinned_threads(recipe["threads"]) as threads:
