@@ -28,7 +28,11 @@ def test_wheel_install_runs_from_an_empty_folder(tmp_path):
                             "print(r.resource_dir('tables'))"], cwd=work, env=env, capture_output=True, text=True)
     module, tables = where.stdout.split()
     assert module.startswith(str(site)) and tables.startswith(str(site)), "not testing the installed copy"
-    assert {"evar-table1", "evar-table2", "evar-table3", "evar-table4"} <= set(vb("list", "tables").split())
+    assert {"evar-table1", "evar-table2", "evar-table3", "evar-table4", "evar-table5"} <= set(vb("list", "tables").split())
+    # figure specs travel too: with no records a figure says which records it needs
+    out = subprocess.run([sys.executable, "-m", "bench", "figures", "pareto"], cwd=work, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "no shapes-c2i records of tiny-var" in out.stderr, out.stderr
     assert {"dense", "ft", "magnitude"} <= set(vb("list", "methods").split())
     info = json.loads(vb("info", "tiny-var", "--json"))
     assert info["model"] == "tiny-var" and info["params"] > 0 and info["tokens_per_scale"][-1] == 64
