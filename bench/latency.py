@@ -118,7 +118,14 @@ def _generate(cfg: Config, seed: int):
 
 
 def install_compile(gen) -> None:
-    """Wrap every transformer block in ``torch.compile`` (the sampling loop stays eager)."""
+    """Wrap every transformer block in ``torch.compile`` (the sampling loop stays eager). Every block
+    at every scale is its own specialisation (static shapes), so dynamo's recompile limit (default 8)
+    is raised to blocks × scales: past the limit it would silently run the rest eagerly."""
+    import torch._dynamo
+    need = len(gen.var.blocks) * len(gen.patch_nums) + 8
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), need))
     for b in gen.var.blocks:
         b.compile()
 

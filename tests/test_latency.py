@@ -142,3 +142,15 @@ def test_bad_latency_arguments_are_one_clear_line(capsys, tmp_path, extra, msg):
 def test_run_refuses_the_latency_bench(capsys):
     assert main(["run", "--model", "tiny-var", "--bench", "latency"]) == 2
     assert "run it with `varbench latency`" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
+def test_compile_reports_compile_time_separately(tmp_path, capsys):
+    argv = ["latency", "--model", "tiny-var", "--compile", "--reps", "3", "--warmup", "2", "--threads", "1",
+            "--quiet", "--results", str(tmp_path)]
+    assert main(argv) == 0
+    assert "torch.compile" in capsys.readouterr().out
+    (path,) = tmp_path.glob("tiny/tiny-var/latency/*.json")
+    rec = read_record(path)
+    assert rec["spec"]["protocol"]["compile"] is True and rec["cost"]["compile_s"] > 0

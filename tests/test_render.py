@@ -66,7 +66,7 @@ def test_table2_cells_resolve_defaults_and_share_the_dense_run():
     mag = specs[("Magnitude", 0)]
     assert mag.methods == ("magnitude:norm=l2,schedule=uniform,scope=coupled,sparsity=0.4",)
     assert mag.requested["methods"] == ["magnitude:sparsity=0.4"] and mag.method_versions == {"magnitude": 1}
-    assert set(mag.ckpt) == {"tiny_var.safetensors", "tiny_vqvae.safetensors"} and mag.protocol["version"] == 1
+    assert set(mag.ckpt) == {"tiny_var.safetensors", "tiny_vqvae.safetensors"} and mag.protocol["version"] == 2
     ft = specs[("Magnitude", 2)]
     assert ft.methods[1].startswith("ft:batch=64,epochs=1.0,")
     assert not [c for c in cells if c.reason], "every method of Table 2 is implemented: every cell has a run"
