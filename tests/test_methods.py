@@ -78,11 +78,15 @@ def test_ft_lowers_the_training_loss(small_gen):
     with torch.no_grad():
         small_gen.var.eval()
         before = small_gen.loss(labels, tokens).item()
-    build_method("ft:epochs=8,lr=0.003,batch=16").apply(small_gen, ctx)
+    ft = build_method("ft:epochs=8,lr=0.003,batch=16")
+    ft.apply(small_gen, ctx)
     with torch.no_grad():
         after = small_gen.loss(labels, tokens).item()
     assert after < before * 0.7
     assert not small_gen.var.training
+    # what the record says about it: the step count under the method's name, the CE per step
+    assert "ft: 32 steps of batch 16 (8 epoch(s) of 64 images)" in ctx.notes
+    assert len(ft.history) == 32 and all(h["ce"] > 0 for h in ft.history)
 
 
 # --- the returned model of a chain, order of application, and the magnitude variants -----------------

@@ -407,3 +407,11 @@ def test_index_scores_prefer_the_first_units(small_var_gen):
     for i, b in enumerate(small_var_gen.var.blocks):
         assert heads[i].tolist() == [-float(h) for h in range(b.attn.H)]
         assert channels[i].shape == (b.ffn.fc1.out_features,) and channels[i][0] == 0 and channels[i][-1] < channels[i][-2]
+
+
+def test_log_schedule_when_every_deeper_block_hits_the_cap():
+    """Block 0 has ln(1) = 0 weight: once all others are capped there is nothing left to fill, and
+    block 0 stays unpruned (the mean then falls short of the request)."""
+    from bench.prune import block_sparsities
+    assert block_sparsities(2, 0.6, "log") == [0.0, 0.95]
+    assert block_sparsities(3, 0.9, "log") == [0.0, 0.95, 0.95]

@@ -329,3 +329,33 @@ def test_sizes_in_pruned_gives_per_block_sizes():
     only_ffn = SMALL_VAR.replace(ffn_hidden=(512, 256))
     got = sizes_in(VAR(only_ffn).state_dict(), SMALL_VAR)
     assert got.heads is None and got.ffn_hidden == (512, 256)
+
+
+def test_fresh_embeddings_follow_the_official_init():
+    """VAR's own init (what `make tiny-models` trains from): class/pos/level embeddings
+    trunc_normal(0, sqrt(1/3C))."""
+    import math
+
+    import torch
+
+    from bench.models.var import VAR, VARConfig
+    torch.manual_seed(0)
+    var = VAR(VARConfig(depth=1, width=256, num_heads=4, num_classes=50, vocab_size=64, Cvae=8,
+                        patch_nums=(1, 2, 3, 4, 5, 6, 8, 10, 13, 16)))
+    want = math.sqrt(1 / 256 / 3)
+    for t in (var.class_emb.weight, var.pos_1LC, var.lvl_embed.weight):
+        assert abs(t.std().item() - want) < 0.1 * want and abs(t.mean().item()) < 0.1 * want
+
+
+def test_official_vqvae_decoder_layout_on_the_meta_device():
+    """The official ch_mult (1, 1, 2, 2, 4): the decoder starts at ch·4 channels (the tiny and golden
+    configs end in 2, 2, where mult[-1] and mult[-2] coincide)."""
+    import torch
+
+    from bench.models.vqvae import VQVAE, VQVAEConfig
+    with torch.device("meta"):
+        vae = VQVAE(VQVAEConfig())
+    sd = vae.state_dict()
+    assert tuple(sd["decoder.conv_in.weight"].shape) == (640, 32, 3, 3)
+    assert tuple(sd["encoder.conv_in.weight"].shape) == (160, 3, 3, 3)
+    assert tuple(sd["quant_conv.weight"].shape) == (32, 32, 3, 3) and vae.downsample == 16
