@@ -29,8 +29,8 @@ import yaml
 
 OKABE_ITO = ("#000000", "#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
 KINDS = ("pareto", "scale_latency")
-X_AXES = {"flops": ("cost", "GFLOPs per image (transformer, CFG doubling included)"),
-          "latency_ms": ("latency", "latency per generation (ms, median; bars: IQR)")}
+X_AXES = {"flops": "GFLOPs per image (transformer, CFG doubling included)",
+          "latency_ms": "latency per generation (ms, median; bars: IQR)"}
 
 
 class FigureSpecError(ValueError):
@@ -184,7 +184,7 @@ def render(name: str, world: str = "tiny", root=None, out=None) -> List[Path]:
         for p in front:
             ax.annotate(p["label"], (p["x"] * scale, p["y"]), textcoords="offset points", xytext=(4, 4), fontsize=6.5)
         ax.legend(frameon=False, fontsize=6.5, ncol=2, loc="upper right")
-        ax.set_xlabel(X_AXES[spec["x"]][1])
+        ax.set_xlabel(X_AXES[spec["x"]])
         ax.set_ylabel(f"{info.header} ({'lower' if lower else 'higher'} is better; bars: ±stderr)")
         note = f"{spec['model'][world]} · {spec['bench'][world]} · n={pts[0]['n']} · {world} world"
     else:

@@ -443,13 +443,16 @@ def write_accounting(root: str | os.PathLike | None, spec: "RunSpec", cost: Mapp
     bad = sorted(k for k, v in cost.items() if k not in WEIGHT_FREE_METRICS or not _finite(v))
     if bad:
         raise ValueError(f"accounting record: only finite {', '.join(WEIGHT_FREE_METRICS)} are allowed, got {bad}")
-    old = load_accounting(root, spec.world).get(accounting_key(spec))
-    cost = {**(old or {}).get("cost", {}), **cost}
+    path = accounting_path(root, spec)
+    try:
+        old = json.loads(path.read_text(encoding="utf-8")).get("cost") or {}
+    except (OSError, ValueError, AttributeError):
+        old = {}                     # none yet, or unreadable: accounting is cheap to redo
+    cost = {**{k: v for k, v in old.items() if k in WEIGHT_FREE_METRICS and _finite(v)}, **cost}
     rec = {"kind": ACCOUNTING_KIND, "key": accounting_key(spec), "world": spec.world, "model": spec.model,
            "methods": list(spec.methods), "method_versions": spec.method_versions, "sampling": dict(spec.sampling),
            "requested": spec.requested, "cost": dict(cost), "env": environment("meta"),
            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    path = accounting_path(root, spec)
     atomic_write_text(path, json.dumps(rec, indent=2, allow_nan=False) + "\n")
     return path
 

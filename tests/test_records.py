@@ -252,3 +252,22 @@ def test_sigkill_during_write_leaves_no_partial_file(tmp_path, old):
     else:
         assert not target.exists()
     assert load_records(tmp_path, "tiny") == ({old_rec["run_id"]: old_rec} if old else {})
+
+
+def test_accounting_keeps_figures_another_accounting_computed(tmp_path):
+    """A Table 2 accounting (params/FLOPs) of a chain must not drop the package op count a Table 5
+    accounting of the same chain wrote; a corrupt file is simply replaced."""
+    import json
+
+    from bench.records import RunSpec, accounting_path, load_accounting, write_accounting
+    spec = RunSpec(world="tiny", model="tiny-var", methods=("magnitude:sparsity=0.4",), bench="shapes-c2i", n=12,
+                   seed=0, method_versions={"magnitude": 1})
+    write_accounting(tmp_path, spec, {"package_ops": 2048})
+    write_accounting(tmp_path, spec, {"params": 10, "flops": 5.0})
+    (rec,) = load_accounting(tmp_path, "tiny").values()
+    assert rec["cost"] == {"package_ops": 2048, "params": 10, "flops": 5.0}
+    write_accounting(tmp_path, spec, {"params": 11})
+    assert json.loads(accounting_path(tmp_path, spec).read_text())["cost"]["params"] == 11
+    accounting_path(tmp_path, spec).write_text("{not json")
+    write_accounting(tmp_path, spec, {"params": 12})
+    assert json.loads(accounting_path(tmp_path, spec).read_text())["cost"] == {"params": 12}

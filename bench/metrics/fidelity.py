@@ -301,11 +301,12 @@ def evaluate(fake, ref=None, metrics: Iterable[str] = DEFAULT_METRICS, bootstrap
                      else fid_statistics(ref_fs["features"]))
 
     boot_names = [m for m in names if bootstrap_metrics is None or m in set(bootstrap_metrics)]
-    values = _compute(names, fake_fs, ref_fs, ref_stats, opts)
+    kid_alone = "kid" in names and "kid" not in boot_names    # one KID pass gives its mean and std
+    values = _compute([m for m in names if not (kid_alone and m == "kid")], fake_fs, ref_fs, ref_stats, opts)
     extra: Dict[str, Dict[str, Any]] = {name: {} for name in names}
-    if "kid" in names and "kid" not in boot_names:
-        _, std = kid_from_features(fake_fs["features"], ref_fs["features"], kid_subsets, kid_subset_size, seed,
-                                   return_std=True)
+    if kid_alone:
+        values["kid"], std = kid_from_features(fake_fs["features"], ref_fs["features"], kid_subsets,
+                                               kid_subset_size, seed, return_std=True)
         extra["kid"] = {"subset_std": std, "error": f"no bootstrap; subset_std: std over {kid_subsets} random "
                                                     f"subsets (torch-fidelity)"}
     n = len(fake_fs["features"] if fake_fs["features"] is not None else fake_fs["logits"])

