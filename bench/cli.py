@@ -144,21 +144,16 @@ def _cmd_table(args) -> int:
                 print(f"[{spec.name} {i + 1}/{len(runs)}] weight-free accounting of {rs.label()}", file=sys.stderr)
                 account(rs, root)
         elif not args.no_run:
-            from bench.registry import BENCHES
+            import platform
+
             from bench.runner import preflight, run
             for rs in runs:
                 preflight(rs, root)
             for i, rs in enumerate(runs):
                 print(f"[{spec.name} {i + 1}/{len(runs)}] {rs.label()}", file=sys.stderr)
-                if BENCHES.get(rs.bench).kind == "timing":
-                    import platform
-
-                    from bench.latency import run_latency
-                    if rs.protocol.get("device") == "coreml" and platform.system() != "Darwin":
-                        print(f"  not run: Core ML latency and op placement need macOS (this is "
-                              f"{platform.system()}); `--weight-free` fills the package op counts", file=sys.stderr)
-                        continue
-                    run_latency([rs], root=root, ckpt_dir=args.ckpt_dir, force=args.force, progress=not args.quiet)
+                if (rs.protocol or {}).get("device") == "coreml" and platform.system() != "Darwin":
+                    print(f"  not run: Core ML latency and op placement need macOS (this is "
+                          f"{platform.system()}); `--weight-free` fills the package op counts", file=sys.stderr)
                     continue
                 run(rs, root=root, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet,
                     device=_device(args, world))
@@ -217,7 +212,7 @@ def _cmd_latency(args) -> int:
 
 def _cmd_coreml(args) -> int:
     if args.action == "ops":
-        from bench.coreml import op_counts, weights_bytes
+        from bench.coreml import op_counts, total_ops, weights_bytes
         counts = op_counts(args.package)
         if args.json:
             print(json.dumps({"functions": counts, "weights_bytes": weights_bytes(args.package)}))
@@ -231,8 +226,8 @@ def _cmd_coreml(args) -> int:
         print(f"{'op type':22s} {'total':>7s} " + " ".join(f"{n[:9]:>9s}" for n in names))
         for t in sorted(total, key=lambda k: (-total[k], k)):
             print(f"{t:22s} {total[t]:7d} " + " ".join(f"{counts[n].get(t, 0):9d}" for n in names))
-        non_const = {n: sum(v for t, v in ops.items() if t != "const") for n, ops in counts.items()}
-        print(f"{'ops (without const)':22s} {sum(non_const.values()):7d} " + " ".join(f"{non_const[n]:9d}" for n in names))
+        non_const = {n: total_ops({n: ops}) for n, ops in counts.items()}
+        print(f"{'ops (without const)':22s} {total_ops(counts):7d} " + " ".join(f"{non_const[n]:9d}" for n in names))
         return 0
     # export
     from bench.plan import RANDOM_CKPT, make_spec
@@ -246,7 +241,7 @@ def _cmd_coreml(args) -> int:
     if args.random_weights:
         import dataclasses
         spec = dataclasses.replace(spec, ckpt={RANDOM_CKPT: f"torch.manual_seed({args.seed})"})
-    from bench.coreml import _ct, export, op_counts, weights_bytes
+    from bench.coreml import _ct, export, op_counts, total_ops, weights_bytes
     _ct()   # coremltools present, before any model work
     from bench.runner import prepared_generator
     gen, ctx, _ = prepared_generator(spec, "cpu", args.ckpt_dir, progress=not args.quiet)
@@ -255,7 +250,7 @@ def _cmd_coreml(args) -> int:
     path = export(gen, out, batch=args.batch, precision=args.precision, progress=not args.quiet, metadata=meta)
     counts = op_counts(path)
     print(f"wrote {path}: functions {', '.join(counts)}; "
-          f"{sum(v for ops in counts.values() for t, v in ops.items() if t != 'const')} ops (without const), "
+          f"{total_ops(counts)} ops (without const), "
           f"weights {weights_bytes(path) / 2 ** 20:.2f} MiB ({args.precision})")
     return 0
 
@@ -368,6 +363,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--results", default=None, help="record folder (default: $VARBENCH_RESULTS, else ./results)")
         sp.add_argument("--ckpt-dir", default=None, help="checkpoint folder (paper world; else $VARBENCH_CKPT_DIR)")
 
+    def sampling_flags(sp):
+        for key, flag in (("cfg", "--cfg"), ("top_k", "--top-k"), ("top_p", "--top-p")):
+            typ, lo, hi, what = SAMPLING_PARAMS[key]
+            sp.add_argument(flag, type=typ, default=None,
+                            help=f"{what}; [{lo}, {hi}] (default: the model's, paper {SAMPLING[key]}, tiny {TINY_SAMPLING[key]})")
+
     def common(sp):
         sp.add_argument("--world", choices=WORLDS, default=None, help="tiny (default; for `run` the "
                         "model's world): shipped tiny models and generated data; paper: official checkpoints and real data")
@@ -380,10 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--quiet", action="store_true", help="no progress bars")
         sp.add_argument("--device", default=None, help="torch device for runs, e.g. cpu, cuda, cuda:1 (default: cuda "
                         "in the paper world when available, else cpu; the tiny world's shipped numbers are CPU runs)")
-        for key, flag in (("cfg", "--cfg"), ("top_k", "--top-k"), ("top_p", "--top-p")):
-            typ, lo, hi, what = SAMPLING_PARAMS[key]
-            sp.add_argument(flag, type=typ, default=None,
-                            help=f"{what}; [{lo}, {hi}] (default: the model's, paper {SAMPLING[key]}, tiny {TINY_SAMPLING[key]})")
+        sampling_flags(sp)
 
     sp = sub.add_parser("run", help="one run: model + method chain + bench -> one JSON record",
                         description="Apply a method chain to a model, sample the bench's images, score them and "
@@ -446,9 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=_seed, default=0, help="seed of the weights (--random-weights) and of sampling")
     sp.add_argument("--force", action="store_true", help="measure again even if records exist")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
-    for key, flag in (("cfg", "--cfg"), ("top_k", "--top-k"), ("top_p", "--top-p")):
-        typ, lo, hi, what = SAMPLING_PARAMS[key]
-        sp.add_argument(flag, type=typ, default=None, help=f"{what}; [{lo}, {hi}] (default: the model's)")
+    sampling_flags(sp)
     results(sp)
     sp.set_defaults(func=_cmd_latency)
 

@@ -3,7 +3,7 @@
 The package is one ML program with a function per scale, ``scale_0`` … ``scale_{K-1}``, and a
 ``decode`` function, all over the same states (``ct.StateType``): the key and value cache of every
 block ``k_cache_{i}``/``v_cache_{i}`` [2B, H_i, L', c] (L' = the token count L rounded up to a
-multiple of 32) and the latent ``f_hat`` [B, Cvae, P, P].
+multiple of 32) and the latent ``f_hat`` [B, Cvae, P, P] (``init_states``).
 The host keeps the loop that Core ML cannot express well (seeded top-k/top-p sampling, CFG mixing):
 
     logits = scale_0(label)                        # class embedding, start tokens, blocks, head
@@ -57,22 +57,31 @@ def interp_matrix(src: int, dst: int, mode: str) -> torch.Tensor:
     return out.view(src * src, dst * dst).T.float().contiguous()
 
 
-class _Export(nn.Module):
-    """Shared pieces: the generator, its states, the quantiser step."""
+def init_states(gen, batch: int) -> Dict[str, torch.Tensor]:
+    """The package's states, zeroed: every block's K/V cache [2B, H_i, L', c] and f_hat [B, Cvae, P, P].
+    The cache length L' is the token count padded to a multiple of 32 (stateful models with other
+    state sizes have been reported to fail on the Neural Engine); attention reads only [0, end_si)."""
+    var, P = gen.var, gen.patch_nums[-1]
+    L_pad = -(-var.L // 32) * 32
+    out = {}
+    for i, b in enumerate(var.blocks):
+        out[f"k_cache_{i}"] = torch.zeros(2 * batch, b.attn.H, L_pad, b.attn.c)
+        out[f"v_cache_{i}"] = torch.zeros(2 * batch, b.attn.H, L_pad, b.attn.c)
+    out["f_hat"] = torch.zeros(batch, var.Cvae, P, P)
+    return out
 
-    def __init__(self, gen, batch: int):
+
+class _Export(nn.Module):
+    """Shared pieces: the generator, its states, the quantiser step. ``states`` (``init_states``) may
+    be shared by all functions of a package, as Core ML shares them (one copy in memory)."""
+
+    def __init__(self, gen, batch: int, states: Optional[Dict[str, torch.Tensor]] = None):
         super().__init__()
         var, vae = gen.var, gen.vae
         self.var, self.vae, self.B = var, vae, batch
         self.K, self.P, self.L = len(gen.patch_nums), gen.patch_nums[-1], var.L
-        # Cache length padded to a multiple of 32 (stateful models with other state sizes have been
-        # reported to fail on the Neural Engine); attention reads only the first end_si positions.
-        L_pad = -(-var.L // 32) * 32
-        for i, b in enumerate(var.blocks):
-            shape = (2 * batch, b.attn.H, L_pad, b.attn.c)
-            self.register_buffer(f"k_cache_{i}", torch.zeros(shape))
-            self.register_buffer(f"v_cache_{i}", torch.zeros(shape))
-        self.register_buffer("f_hat", torch.zeros(batch, var.Cvae, self.P, self.P))
+        for name, t in (states if states is not None else init_states(gen, batch)).items():
+            self.register_buffer(name, t)
 
     uses = ("k_cache_", "v_cache_", "f_hat")   # the states this function reads or writes
 
@@ -114,8 +123,8 @@ def _attention(attn, x_BLC, k_cache, v_cache, begin: int, end: int):
 class ScaleStep(_Export):
     """Function ``scale_{si}``: (label [B], tokens of scale si−1 [B, pn²]) → logits [2B, pn², V]."""
 
-    def __init__(self, gen, si: int, batch: int = 1):
-        super().__init__(gen, batch)
+    def __init__(self, gen, si: int, batch: int = 1, states: Optional[Dict[str, torch.Tensor]] = None):
+        super().__init__(gen, batch, states)
         self.si = si
         if si == 0:
             self.uses = ("k_cache_", "v_cache_")
@@ -159,9 +168,11 @@ class Decode(_Export):
 
 
 def steps(gen, batch: int = 1) -> Dict[str, _Export]:
-    """The export modules by function name (sharing the generator's parameters)."""
-    out: Dict[str, _Export] = {f"scale_{si}": ScaleStep(gen, si, batch) for si in range(len(gen.patch_nums))}
-    out["decode"] = Decode(gen, batch)
+    """The export modules by function name, sharing the generator's parameters and one set of states
+    (so calling them in order in PyTorch runs a generation as the package does)."""
+    states = init_states(gen, batch)
+    out: Dict[str, _Export] = {f"scale_{si}": ScaleStep(gen, si, batch, states) for si in range(len(gen.patch_nums))}
+    out["decode"] = Decode(gen, batch, states)
     return out
 
 
@@ -266,6 +277,11 @@ def op_counts(package: str | os.PathLike) -> Dict[str, Dict[str, int]]:
         block = fn.block_specializations[fn.opset]
         out[fname] = dict(sorted(Counter(_ops(block)).items()))
     return out
+
+
+def total_ops(counts: Dict[str, Dict[str, int]]) -> int:
+    """Non-const ops over all functions of ``op_counts`` output (consts are not dispatched)."""
+    return sum(n for ops in counts.values() for t, n in ops.items() if t != "const")
 
 
 def weights_bytes(package: str | os.PathLike) -> int:

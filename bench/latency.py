@@ -250,7 +250,7 @@ def run_latency(specs, root=None, ckpt_dir=None, force: bool = False, progress: 
             card = MODELS.get(spec.model)
             labels = torch.arange(batch) % card.var_cfg.num_classes
             if coreml:   # one package per chain, run under each compute-unit setting
-                from bench.coreml import CoreMLGenerator, export, op_counts, placement
+                from bench.coreml import CoreMLGenerator, export, op_counts, placement, total_ops
                 chain = tuple(spec.methods)
                 if chain not in packages:
                     import tempfile
@@ -268,7 +268,7 @@ def run_latency(specs, root=None, ckpt_dir=None, force: bool = False, progress: 
                 ops = placement(pkg, cu)
                 counts = op_counts(pkg)
                 extra[spec.key()] = {"compute_units": cu, "ops_by_function": ops, "package_ops_by_function": counts,
-                                     "package_ops": sum(n for f in counts.values() for t, n in f.items() if t != "const"),
+                                     "package_ops": total_ops(counts),
                                      **{f"ops_{d}": sum(f.get(d, 0) for f in ops.values()) for d in ("cpu", "gpu", "npu")}}
                 gens_cost[spec.key()] = (torch_gen, ctx.notes)
             else:

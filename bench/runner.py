@@ -71,6 +71,9 @@ def preflight(spec: RunSpec, root=None) -> None:
 
 def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: bool = True,
         device: str = "cpu") -> Dict:
+    if BENCHES.get(spec.bench).kind == "timing":   # the latency bench times, it samples no image set
+        from bench.latency import run_latency
+        return run_latency([spec], root=root, ckpt_dir=ckpt_dir, force=force, progress=progress)[0]
     if spec.ckpt is None:
         raise ValueError(f"{spec.label()}: the spec has no checkpoint identity (files absent); cannot run it")
     path = spec.path(root)
@@ -160,7 +163,7 @@ def package_ops(spec: RunSpec, var_cfg) -> int:
     precision in a process (a table's compute-unit rows share it)."""
     import tempfile
 
-    from bench.coreml import export, op_counts
+    from bench.coreml import export, op_counts, total_ops
     p = spec.protocol or {}
     key = (spec.model, repr(var_cfg), p.get("batch", 1), p.get("precision", "fp16"))
     if key not in _PACKAGE_OPS:
@@ -169,7 +172,7 @@ def package_ops(spec: RunSpec, var_cfg) -> int:
         with tempfile.TemporaryDirectory(prefix="varbench-ops-") as tmp:
             counts = op_counts(export(gen, Path(tmp) / "m.mlpackage", batch=p.get("batch", 1),
                                       precision=p.get("precision", "fp16"), progress=False))
-        _PACKAGE_OPS[key] = sum(n for f in counts.values() for t, n in f.items() if t != "const")
+        _PACKAGE_OPS[key] = total_ops(counts)
     return _PACKAGE_OPS[key]
 
 

@@ -10,6 +10,7 @@ from bench.cli import main
 from bench.latency import Config, measure, summarize
 from bench.records import read_record
 from bench.tiny.assets import ASSETS
+from tests.test_cli_inputs import err_of
 
 HAVE_TINY = (ASSETS / "tiny_var.safetensors").is_file()
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -133,9 +134,8 @@ def test_random_weights_records_name_no_file_and_are_not_stale(tmp_path, capsys)
 ])
 @pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
 def test_bad_latency_arguments_are_one_clear_line(capsys, tmp_path, extra, msg):
-    rc = main(["latency", "--model", "tiny-var", "--results", str(tmp_path), "--quiet", *extra])
-    err = capsys.readouterr().err
-    assert rc == 2 and msg in err and "Traceback" not in err
+    err = err_of(capsys, ["latency", "--model", "tiny-var", "--results", str(tmp_path), "--quiet", *extra])
+    assert msg in err and "Traceback" not in err
     assert not any(tmp_path.iterdir())
 
 
@@ -154,3 +154,15 @@ def test_compile_reports_compile_time_separately(tmp_path, capsys):
     (path,) = tmp_path.glob("tiny/tiny-var/latency/*.json")
     rec = read_record(path)
     assert rec["spec"]["protocol"]["compile"] is True and rec["cost"]["compile_s"] > 0
+
+
+@pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
+def test_the_runner_runs_a_latency_spec_as_the_latency_bench(tmp_path):
+    """A table whose bench is `latency` goes through bench.runner.run like any other."""
+    from bench.latency import latency_specs
+    from bench.runner import run
+    (spec,) = latency_specs("tiny-var", ["dense"], 3, 0, dict(device="cpu", batch=1, threads=1, compile=False,
+                                                               warmup=1))
+    rec = run(spec, root=tmp_path, progress=False)
+    assert rec["spec"]["bench"] == "latency" and rec["metrics"]["latency_ms"]["n"] == 3
+    assert read_record(spec.path(tmp_path))["run_id"] == spec.key()
