@@ -37,3 +37,41 @@ def small_gen() -> Generator:
     torch.manual_seed(0)
     gen = Generator(randomize_(VAR(SMALL_VAR), 1), randomize_(VQVAE(SMALL_VAE), 2), name="small")
     return gen.eval()
+
+
+@torch.no_grad()
+def official_loop(gen: Generator, labels: torch.Tensor, seed: int, cfg: float, top_k: int, top_p: float,
+                  smooth=None):
+    """The official ``autoregressive_infer_cfg`` re-run step by step with the model's pieces and none
+    of the sampler's speed-ups: AdaLN recomputed per scale, KV cache re-concatenated per scale
+    (``kv_caching(True)`` without a buffer), ``x.repeat(2)`` for the CFG batch. ``smooth(logits, ratio,
+    rng)``: more_smooth's soft embedding weights (drawn after the multinomial, the official RNG order).
+    Returns (token pyramid, f_hat)."""
+    from bench.models.generator import top_k_top_p_filter_
+    var, quant, pns = gen.var, gen.vae.quantize, gen.patch_nums
+    B, K = labels.shape[0], len(pns)
+    g = torch.Generator().manual_seed(seed)
+    cond = var.cond(torch.cat((labels, torch.full_like(labels, var.num_classes))))
+    lvl_pos = var.lvl_pos()
+    x = var.first_tokens(cond)
+    f_hat = torch.zeros(B, var.Cvae, pns[-1], pns[-1])
+    toks, cur = [], 0
+    var.kv_caching(True)
+    try:
+        for si, pn in enumerate(pns):
+            r = si / (K - 1)
+            cur += pn * pn
+            x = var.run_blocks(x, cond)
+            lg = var.get_logits(x, cond)
+            lg = top_k_top_p_filter_((1 + cfg * r) * lg[:B] - cfg * r * lg[B:], top_k, top_p)
+            V = lg.shape[-1]
+            idx = torch.multinomial(lg.softmax(-1).view(-1, V), 1, replacement=True, generator=g).view(B, -1)
+            toks.append(idx)
+            h_BlC = quant.embedding(idx) if smooth is None else smooth(lg, r, g) @ quant.embedding.weight
+            f_hat, nxt = quant.next_input(si, f_hat, h_BlC.transpose(1, 2).reshape(B, var.Cvae, pn, pn))
+            if si != K - 1:
+                x = var.word_embed(nxt.flatten(2).transpose(1, 2)) + lvl_pos[:, cur:cur + pns[si + 1] ** 2]
+                x = x.repeat(2, 1, 1)
+    finally:
+        var.kv_caching(False)
+    return toks, f_hat

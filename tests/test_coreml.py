@@ -25,19 +25,20 @@ def test_interpolation_matrices_are_the_interpolate_maps(src, dst, mode):
 
 
 def _run_chain(mods, labels, toks):
-    """Call the export modules scale by scale, carrying the states as Core ML would."""
-    out, prev = [], None
-    for si in range(len(toks)):
-        m = mods[f"scale_{si}"]
-        if prev is not None:
-            for n, b in prev.named_buffers():
-                if n.startswith(("k_cache_", "v_cache_", "f_hat")):
-                    getattr(m, n).copy_(b)
-        out.append(m(labels) if si == 0 else m(labels, toks[si - 1]))
-        prev = m
-    d = mods["decode"]
-    d.f_hat.copy_(prev.f_hat)
-    return out, d(toks[-1])
+    """Call the export modules scale by scale; they share one set of states, as the package's
+    functions share Core ML's state."""
+    out = [mods["scale_0"](labels)] + [mods[f"scale_{si}"](labels, toks[si - 1]) for si in range(1, len(toks))]
+    return out, mods["decode"](toks[-1])
+
+
+def test_functions_share_one_set_of_states(small_gen):
+    mods = steps(small_gen, batch=1)
+    ptr = {n: b.data_ptr() for n, b in mods["scale_1"].named_buffers() if n.startswith(("k_cache", "f_hat"))}
+    for m in mods.values():
+        for n, b in m.named_buffers():
+            if n in ptr:
+                assert b.data_ptr() == ptr[n], n
+    assert mods["scale_0"].k_cache_0.shape[2] % 32 == 0 >= small_gen.var.L - mods["scale_0"].k_cache_0.shape[2]
 
 
 @torch.no_grad()

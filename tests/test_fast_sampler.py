@@ -6,48 +6,19 @@ official code; these tests pin each optimisation on its own so a broken one is n
 import pytest
 import torch
 
-from bench.models.generator import sample_top_k_top_p, to_uint8
+from bench.models.generator import to_uint8
+from tests.conftest import official_loop
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 LABELS = torch.tensor([0, 4, 2])
 CFG, TOP_K, TOP_P = 1.5, 20, 0.9
 
 
-def _plain_loop(gen, labels, seed):
-    """The official loop step by step: no cached AdaLN, no KV buffer (``kv_caching(True)`` without
-    ``max_len`` re-concatenates), x.repeat(2) for the CFG batch."""
-    var, quant, pns = gen.var, gen.vae.quantize, gen.patch_nums
-    B, K = labels.shape[0], len(pns)
-    g = torch.Generator().manual_seed(seed)
-    cond = var.cond(torch.cat((labels, torch.full_like(labels, var.num_classes))))
-    lvl_pos = var.lvl_pos()
-    x = var.first_tokens(cond)
-    f_hat = torch.zeros(B, var.Cvae, pns[-1], pns[-1])
-    toks, cur = [], 0
-    var.kv_caching(True)
-    try:
-        for si, pn in enumerate(pns):
-            cur += pn * pn
-            x = var.run_blocks(x, cond)
-            lg = var.get_logits(x, cond)
-            t = CFG * si / (K - 1)
-            idx = sample_top_k_top_p((1 + t) * lg[:B] - t * lg[B:], TOP_K, TOP_P, g)
-            toks.append(idx)
-            h = quant.embedding(idx).transpose(1, 2).reshape(B, var.Cvae, pn, pn)
-            f_hat, nxt = quant.next_input(si, f_hat, h)
-            if si != K - 1:
-                x = var.word_embed(nxt.flatten(2).transpose(1, 2)) + lvl_pos[:, cur:cur + pns[si + 1] ** 2]
-                x = x.repeat(2, 1, 1)
-    finally:
-        var.kv_caching(False)
-    return toks, f_hat
-
-
 @torch.no_grad()
 @pytest.mark.parametrize("seed", [0, 5])
 def test_optimised_sampler_equals_the_plain_official_loop_bit_for_bit(small_gen, seed):
     toks, f_hat = small_gen.sample_tokens(LABELS, seed=seed, cfg=CFG, top_k=TOP_K, top_p=TOP_P)
-    ref_toks, ref_f_hat = _plain_loop(small_gen, LABELS, seed)
+    ref_toks, ref_f_hat = official_loop(small_gen, LABELS, seed, CFG, TOP_K, TOP_P)
     assert all(torch.equal(a, b) for a, b in zip(toks, ref_toks))
     assert torch.equal(f_hat, ref_f_hat)
     img = small_gen.generate(LABELS, seed=seed, cfg=CFG, top_k=TOP_K, top_p=TOP_P)

@@ -14,7 +14,7 @@ import bench.models.generator as generator_mod
 from bench.models.generator import Generator, gumbel_softmax_rng, top_k_top_p_filter_
 from bench.models.policy import TokenPolicy
 from bench.models.vqvae import VQVAE, VQVAEConfig
-from tests.conftest import SMALL_VAE
+from tests.conftest import SMALL_VAE, official_loop
 
 LABELS = torch.tensor([1, 3])
 CFG, TOP_K, TOP_P = 2.0, 20, 0.9
@@ -75,44 +75,10 @@ def test_more_smooth_tau_and_logit_scaling_are_official(small_gen, monkeypatch):
     assert seen[0][1] == pytest.approx(0.27) and seen[-1][1] == pytest.approx(0.0135)
 
 
-@torch.no_grad()
-def _smooth_f_hat_by_hand(gen, labels, seed):
-    """Independent re-run of the official loop with more_smooth=True (same RNG consumption order:
-    multinomial draw, then the Gumbel noise)."""
-    var, quant, pns = gen.var, gen.vae.quantize, gen.patch_nums
-    B, K = labels.shape[0], len(pns)
-    g = torch.Generator().manual_seed(seed)
-    cond = var.cond(torch.cat((labels, torch.full_like(labels, var.num_classes))))
-    lvl_pos = var.lvl_pos()
-    x = var.first_tokens(cond)
-    f_hat = torch.zeros(B, var.Cvae, pns[-1], pns[-1])
-    cur = 0
-    var.kv_caching(True)
-    try:
-        for si, pn in enumerate(pns):
-            r = si / (K - 1)
-            cur += pn * pn
-            x = var.run_blocks(x, cond)
-            lg = var.get_logits(x, cond)
-            t = CFG * r
-            lg = top_k_top_p_filter_((1 + t) * lg[:B] - t * lg[B:], TOP_K, TOP_P)
-            V = lg.shape[-1]
-            torch.multinomial(lg.softmax(-1).view(-1, V), 1, replacement=True, generator=g)
-            soft = _gumbel_softmax_ref(lg * (1 + r), _official_tau(r), g)
-            h = (soft @ quant.embedding.weight).transpose(1, 2).reshape(B, var.Cvae, pn, pn)
-            f_hat, nxt = quant.next_input(si, f_hat, h)
-            if si != K - 1:
-                pn2 = pns[si + 1]
-                x = var.word_embed(nxt.flatten(2).transpose(1, 2)) + lvl_pos[:, cur:cur + pn2 ** 2]
-                x = x.repeat(2, 1, 1)
-    finally:
-        var.kv_caching(False)
-    return f_hat
-
-
 def test_more_smooth_f_hat_matches_an_independent_recomputation(small_gen):
     _, f_hat = small_gen.sample_tokens(LABELS, seed=7, cfg=CFG, top_k=TOP_K, top_p=TOP_P, more_smooth=True)
-    ref = _smooth_f_hat_by_hand(small_gen, LABELS, 7)
+    _, ref = official_loop(small_gen, LABELS, 7, CFG, TOP_K, TOP_P,
+                           smooth=lambda lg, r, g: _gumbel_softmax_ref(lg * (1 + r), _official_tau(r), g))
     torch.testing.assert_close(f_hat, ref, atol=1e-5, rtol=1e-4)
     _, hard = small_gen.sample_tokens(LABELS, seed=7, cfg=CFG, top_k=TOP_K, top_p=TOP_P, more_smooth=False)
     assert (f_hat - hard).abs().max() > 1e-3   # smoothing is not a no-op here
