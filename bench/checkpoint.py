@@ -71,8 +71,10 @@ def locate_all(files: Iterable[Tuple[str, str]], folder: Optional[str | os.PathL
     return found
 
 
-def read_state_dict(path: str | os.PathLike) -> Dict[str, torch.Tensor]:
-    """A plain state_dict from a ``.pth``/``.pt`` (torch.load, weights only) or ``.safetensors`` file."""
+def read_state_dict(path: str | os.PathLike, entry: Optional[str] = None) -> Dict[str, torch.Tensor]:
+    """A plain state_dict from a ``.pth``/``.pt`` (torch.load, weights only) or ``.safetensors`` file.
+    ``entry``: the key of the state_dict inside a checkpoint dict (e.g. ``"vae"`` in Infinity's VAE
+    file) when the file has it; a ``"state_dict"`` wrapper is always unwrapped."""
     import torch
 
     path = Path(path)
@@ -90,8 +92,9 @@ def read_state_dict(path: str | os.PathLike) -> Dict[str, torch.Tensor]:
             f"{path} ({size:,} bytes) is not a readable checkpoint — truncated or not a PyTorch/safetensors "
             f"file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Re-download or re-create it."
         ) from None
-    if isinstance(sd, Mapping) and "state_dict" in sd and isinstance(sd["state_dict"], Mapping):
-        sd = sd["state_dict"]
+    for wrapper in (entry, "state_dict"):
+        if wrapper and isinstance(sd, Mapping) and isinstance(sd.get(wrapper), Mapping):
+            sd = sd[wrapper]
     if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError(f"{path} holds a {type(sd).__name__}, not a state_dict of tensors")
     return dict(sd)

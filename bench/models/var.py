@@ -65,7 +65,9 @@ class SelfAttention(nn.Module):
         self.kv_k, self.kv_v = k_BHlc, v_BHlc
         return k_BHlc, v_BHlc
 
-    def forward(self, x_BLC: torch.Tensor, attn_bias: Optional[torch.Tensor]) -> torch.Tensor:
+    def forward(self, x_BLC: torch.Tensor, attn_bias: Optional[torch.Tensor], rope=None) -> torch.Tensor:
+        """``rope``: a callable applied to (q, k) after the cosine normalisation (Infinity's 2-D RoPE;
+        VAR has none)."""
         B, L, _ = x_BLC.shape
         bias = torch.cat((self.q_bias, self.zero_k_bias, self.v_bias))
         qkv = F.linear(x_BLC, self.mat_qkv.weight, bias).view(B, L, 3, self.H, self.c)
@@ -74,6 +76,8 @@ class SelfAttention(nn.Module):
             scale_mul = self.scale_mul_1H11.clamp_max(self.max_scale_mul).exp()
             q_BHLc = F.normalize(q_BHLc, dim=-1).mul(scale_mul)
             k_BHLc = F.normalize(k_BHLc, dim=-1)
+        if rope is not None:
+            q_BHLc, k_BHLc = rope(q_BHLc, k_BHLc)
         if self.caching:  # next-scale inference: queries of this scale see all earlier scales
             k_BHLc, v_BHLc = self._cache(k_BHLc, v_BHLc)
         mask = None if attn_bias is None else attn_bias.to(q_BHLc.dtype)

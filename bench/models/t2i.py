@@ -1,0 +1,152 @@
+"""A text-to-image Infinity generator: text encoder + Infinity transformer + BSQ VAE, and the sampling
+loop of the official ``Infinity.autoregressive_infer_cfg`` (FoundationVision/Infinity, with the
+settings of ``tools/run_infinity.py``: ``cfg_insertion_layer=0``, i.e. guidance on the logits).
+
+Per scale k (schedule (h_k, w_k), K scales): the blocks run on this scale's tokens with the KV cache
+and RoPE at this scale's positions; logits are divided by τ, guided with a *constant* scale
+cfg·cond + (1 − cfg)·uncond (not VAR's ramp), viewed as [B, h_k·w_k·d, 2] and each bit drawn by one
+multinomial call after top-k/top-p filtering (top-k is a no-op for 2 classes; top-p drops the minor
+class when its probability is ≤ 1 − p). Codes ±1/√d are trilinearly upsampled and summed on the final
+grid; the next scale's input is that sum trilinearly resized (the training quantiser uses area). The
+image is the decoded sum, (x+1)/2·255 **truncated** to uint8 (official; VAR rounds) in RGB (official
+writes BGR for cv2).
+
+Deviation: one seed seeds one ``torch.Generator`` for the whole batch, as official ``g_seed``; prompts
+in a batch are padded to the longest and masked (official packs them: same values).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from bench.models.bsq import BSQVAE, _resize
+from bench.models.generator import sample_top_k_top_p
+from bench.models.heap import reuse_heap
+from bench.models.infinity import Infinity, rope2d_table
+from bench.models.policy import TokenPolicy
+
+INFINITY_SAMPLING = {"cfg": 4.0, "tau": 0.5, "top_k": 900, "top_p": 0.97}   # scripts/infer.sh, gen_one_img
+
+
+class TextEncoder(nn.Module):
+    """Prompts → (features [B, T, Ct5] float, mask [B, T] bool). Subclasses: ``T5TextEncoder`` (paper
+    world, ``bench.models.text``), ``TinyTextEncoder`` (tiny world)."""
+
+    def encode(self, prompts: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+class T2IGenerator(nn.Module):
+    def __init__(self, infinity: Infinity, vae: BSQVAE, text_encoder: Optional[TextEncoder] = None, name: str = "",
+                 token_policy: Optional[TokenPolicy] = None):
+        super().__init__()
+        if infinity.d != vae.d:
+            raise ValueError(f"transformer and VAE disagree: {infinity.d} vs {vae.d} bits per token")
+        self.infinity, self.vae, self.text_encoder, self.name = infinity, vae, text_encoder, name
+        self.token_policy = token_policy or TokenPolicy()
+
+    @property
+    def device(self) -> torch.device:
+        return self.infinity.pos_start.device
+
+    @property
+    def schedule(self) -> Tuple[Tuple[int, int], ...]:
+        return tuple(self.infinity.cfg.scale_schedule)
+
+    def encode_prompts(self, prompts: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.text_encoder is None:
+            raise RuntimeError(f"{self.name or 'this generator'} has no text encoder: pass text features "
+                               f"(feats, mask) instead of prompts, or load the model with its text encoder")
+        feats, mask = self.text_encoder.encode(list(prompts))
+        return feats.to(self.device), mask.to(self.device)
+
+    # ------------------------------------------------------------------ sampling
+    @torch.no_grad()
+    def sample_bits(self, feats_BTC: torch.Tensor, mask_BT: torch.Tensor, seed: Optional[int] = 0,
+                    cfg: float = INFINITY_SAMPLING["cfg"], tau: float = INFINITY_SAMPLING["tau"],
+                    top_k: int = INFINITY_SAMPLING["top_k"], top_p: float = INFINITY_SAMPLING["top_p"],
+                    schedule: Optional[Sequence[Tuple[int, int]]] = None, rope_grid: Optional[Tuple[int, int]] = None,
+                    logits_hook: Optional[Callable[[int, torch.Tensor], None]] = None):
+        """(bits per scale [B, h·w, d] int64, the summed latent [B, d, H, W]). ``cfg == 1`` runs the
+        conditional batch alone (official); ``logits_hook(si, logits)`` sees the raw logits (after τ,
+        before guidance; [cond; uncond] when guided)."""
+        inf, vae = self.infinity, self.vae
+        schedule = tuple(tuple(s) for s in (schedule or self.schedule))
+        rope_grid = tuple(rope_grid or inf.cfg.rope_grid)
+        feats_BTC, mask_BT = feats_BTC.to(self.device), mask_BT.to(self.device)
+        B, K, d = feats_BTC.shape[0], len(schedule), inf.d
+        rng = None
+        if seed is not None:
+            rng = torch.Generator(device=self.device)
+            rng.manual_seed(int(seed))
+        guided = cfg != 1
+        if guided:
+            feats_BTC = torch.cat((feats_BTC, inf.null_text(mask_BT)))
+            mask_BT = torch.cat((mask_BT, mask_BT))
+        cond_BD, text = inf.encode_text(feats_BTC, mask_BT)
+        gss = inf.ada_gss(cond_BD)
+        cs_2Lh = rope2d_table(inf.cfg.hd, schedule, rope_grid, inf.cfg.rope_theta).to(self.device)
+        x_BLC = cond_BD.unsqueeze(1) + inf.pos_start.expand(cond_BD.shape[0], 1, -1)
+        Hf, Wf = schedule[-1]
+        summed = None   # official ``summed_codes = 0; summed_codes += …``: the first sum keeps its layout
+        policy, bits, cur = self.token_policy, [], 0
+        policy.begin(B, schedule)
+        inf.kv_caching(True, max_len=sum(h * w for h, w in schedule))
+        try:
+            for si, (h, w) in enumerate(schedule):
+                l = h * w
+                x_BLC = x_BLC + inf.lvl_embed.weight[si]   # level embedding, once, before the first block
+                policy.begin_scale(si, (h, w))
+                x_BLC = inf.run_blocks(x_BLC, gss, text, None, inf.rope_fn(cs_2Lh[:, cur:cur + l]), policy.route(si))
+                policy.end_scale(si, x_BLC)
+                cur += l
+                logits_BlV = inf.get_logits(x_BLC, cond_BD).mul(1 / tau)
+                if logits_hook is not None:
+                    logits_hook(si, logits_BlV)
+                if guided:   # constant guidance on the logits (cfg_insertion_layer=0)
+                    logits_BlV = cfg * logits_BlV[:B] + (1 - cfg) * logits_BlV[B:]
+                bits_Bld = sample_top_k_top_p(logits_BlV.reshape(B, l * d, 2), top_k, top_p, rng).view(B, l, d)
+                bits.append(bits_Bld)
+                codes = vae.lfq.bits_to_codes(bits_Bld.view(B, h, w, d))
+                up = _resize(codes, (Hf, Wf), "trilinear") if si != K - 1 else codes
+                summed = up + 0 if summed is None else summed.add_(up)
+                if si != K - 1:
+                    nxt = F.interpolate(summed, size=(1, *schedule[si + 1]), mode="trilinear")
+                    x_BLC = inf.word_embed(nxt.squeeze(2).flatten(2).transpose(1, 2))
+                    if guided:
+                        x_BLC = x_BLC.repeat(2, 1, 1)
+        finally:
+            inf.kv_caching(False)
+        return bits, summed.squeeze(2)
+
+    @torch.no_grad()
+    def generate(self, prompts, seed: Optional[int] = 0, **sampling) -> torch.Tensor:
+        """Images uint8 [B, 3, H, W] for a list of prompts, or for ``(feats, mask)`` text features."""
+        feats, mask = self.encode_prompts(prompts) if _is_prompt_list(prompts) else prompts
+        with reuse_heap(self.device.type == "cpu"):
+            _, latent = self.sample_bits(feats, mask, seed, **sampling)
+            return to_uint8_trunc(self.vae.decode(latent))
+
+    # ------------------------------------------------------------------ teacher forcing
+    def forward_teacher(self, feats_BTC, mask_BT, bits: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Logits [B, L, 2d] of a bit pyramid (teacher forcing; inputs as the training quantiser makes them)."""
+        x = self.vae.bits_to_var_input(bits, self.schedule)
+        return self.infinity(feats_BTC, mask_BT, x, self.schedule)
+
+    def loss(self, feats_BTC, mask_BT, bits: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Mean bitwise cross-entropy over all scales and bits (Infinity's bit-label loss)."""
+        logits = self.forward_teacher(feats_BTC, mask_BT, bits)
+        B, L, V = logits.shape
+        return F.cross_entropy(logits.reshape(-1, 2), torch.cat(bits, dim=1).reshape(-1))
+
+
+def _is_prompt_list(x) -> bool:
+    return isinstance(x, (list, tuple)) and all(isinstance(p, str) for p in x)
+
+
+def to_uint8_trunc(img_B3HW_pm1: torch.Tensor) -> torch.Tensor:
+    """[-1, 1] → uint8 as official Infinity: (x+1)/2·255, truncated."""
+    return img_B3HW_pm1.add(1).div_(2).mul_(255).to(torch.uint8)
