@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 WORLD   ?= tiny
 
-.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard figures tiny-models mutation clean
+.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard figures tiny-models tiny-t2i mutation clean
 
 setup: $(STAMP)
 
@@ -59,3 +59,7 @@ mutation: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# tiny-t2i (the Infinity class, tiny) from scratch: BSQ VAE, transformer + text encoder, quality bars.
+tiny-t2i: setup
+	$(BIN)/python -m bench.recipes.tiny_t2i --out assets/tiny

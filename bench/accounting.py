@@ -73,3 +73,71 @@ def info(gen: Generator, name: str = "", image_size: Optional[int] = None) -> di
         "attn_l2_norm": cfg.attn_l2_norm,
         "vocab_size": cfg.vocab_size,
     }
+
+
+# ---------------------------------------------------------------- text-to-image generators
+TEXT_TOKENS = 32   # prompt length (text-encoder tokens) of the weight-free FLOP count: a typical prompt
+
+
+def t2i_sampling_flops(gen, text_tokens: int = TEXT_TOKENS, cfg: Optional[float] = 4.0, by_op: bool = False):
+    """Transformer FLOPs (text projections, blocks, head) to sample one image with a prompt of
+    ``text_tokens`` tokens; ``cfg`` None or 1 = the conditional batch alone. ``by_op``: a dict
+    {aten op: FLOPs} instead (matrix products vs attention)."""
+    from bench.models.t2i import T2IGenerator
+    with torch.device("meta"):
+        g = gen if gen.device.type == "meta" else T2IGenerator(type(gen.infinity)(gen.infinity.cfg),
+                                                                  type(gen.vae)(gen.vae.cfg), name=gen.name,
+                                                                  token_policy=gen.token_policy)
+    Ct5 = g.infinity.cfg.text_channels
+    feats = torch.zeros(1, text_tokens, Ct5, device="meta")
+    mask = torch.ones(1, text_tokens, dtype=torch.bool, device="meta")
+    fc = FlopCounterMode(display=False)
+    with fc:
+        g.sample_bits(feats, mask, seed=None, cfg=1.0 if cfg is None else cfg, tau=1.0, top_k=0, top_p=0.0)
+    if by_op:
+        counts = fc.get_flop_counts().get("Global", {})
+        return {str(op).split(".")[1] if "." in str(op) else str(op): int(n) for op, n in counts.items()}
+    return int(fc.get_total_flops())
+
+
+def t2i_decode_flops(gen) -> int:
+    from bench.models.bsq import BSQVAE
+    with torch.device("meta"):
+        vae = BSQVAE(gen.vae.cfg)
+    H, W = gen.infinity.cfg.scale_schedule[-1]
+    fc = FlopCounterMode(display=False)
+    with fc, torch.no_grad():
+        vae.decode(torch.zeros(1, vae.d, H, W, device="meta"))
+    return int(fc.get_total_flops())
+
+
+def t2i_info(gen, card, text_tokens: int = TEXT_TOKENS) -> dict:
+    """``varbench info --json`` of a text-to-image model (same contract keys as ``info``)."""
+    from bench.models.text import t5_encoder_params
+    cfg = gen.infinity.cfg
+    if gen.text_encoder is not None:
+        text_params = count_params(gen.text_encoder)
+    else:
+        text_params = t5_encoder_params()
+    cfg_scale = card.sampling.get("cfg", 4.0)
+    return {
+        "model": card.name,
+        "params": count_params(gen.infinity),
+        "tokenizer_params": count_params(gen.vae),
+        "text_encoder_params": text_params,
+        "flops": t2i_sampling_flops(gen, text_tokens, cfg=cfg_scale),
+        "flops_no_cfg": t2i_sampling_flops(gen, text_tokens, cfg=None),
+        "flops_by_op": t2i_sampling_flops(gen, text_tokens, cfg=cfg_scale, by_op=True),
+        "tokenizer_decode_flops": t2i_decode_flops(gen),
+        "text_tokens": text_tokens,
+        "tokens_per_scale": [h * w for h, w in cfg.scale_schedule],
+        "scale_schedule": [list(s) for s in cfg.scale_schedule],
+        "total_tokens": cfg.L,
+        "image_size": card.image_size,
+        "depth": cfg.depth,
+        "width": cfg.width,
+        "heads": [cfg.num_heads] * cfg.depth,
+        "ffn_hidden": [cfg.ffn_hidden] * cfg.depth,
+        "bits_per_token": cfg.codebook_dim,
+        "sampling": dict(card.sampling),
+    }

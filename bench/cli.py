@@ -35,6 +35,8 @@ def _cmd_info(args) -> int:
 
     card = MODELS.get(args.model)
     chain = requested_chain(args.method)     # names and parameters checked before any model is built
+    if getattr(card, "kind", "c2i") == "t2i":
+        return _info_t2i(args, card, chain)
     from bench.accounting import info
     from bench.method import Context, apply_chain
     from bench.spec import resolve_chain
@@ -62,6 +64,33 @@ def _cmd_info(args) -> int:
     print(f"  FLOPs / image (CFG)     {_human(out['flops'])}  ({out['flops']:,})")
     print(f"  FLOPs / image (no CFG)  {_human(out['flops_no_cfg'])}  ({out['flops_no_cfg']:,})")
     print(f"  VQVAE decode FLOPs      {_human(out['tokenizer_decode_flops'])}")
+    print(f"  tokens per scale        {out['tokens_per_scale']}  (L = {out['total_tokens']})")
+    return 0
+
+
+def _info_t2i(args, card, chain) -> int:
+    from bench.accounting import t2i_info
+    if chain:
+        print(f"varbench: error: --method on the text-to-image model {card.name} is not supported yet "
+              f"(method chains apply to the class-conditional VAR models)", file=sys.stderr)
+        return 2
+    out = t2i_info(card.build(device="meta", text=card.world == "tiny"), card, text_tokens=args.text_tokens)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    by_op = out["flops_by_op"]
+    attn = sum(v for k, v in by_op.items() if "attention" in k)
+    print(f"{out['model']}: depth {out['depth']}, width {out['width']}, {out['image_size']}px, "
+          f"{out['bits_per_token']} bits per token, {len(out['tokens_per_scale'])} scales")
+    print(f"  transformer parameters  {out['params']:,}")
+    print(f"  tokenizer parameters    {out['tokenizer_params']:,}")
+    tp = out["text_encoder_params"]
+    print(f"  text encoder parameters {tp:,}" if tp is not None else
+          "  text encoder parameters (install transformers: pip install 'varbench[t2i]')")
+    print(f"  FLOPs / image (CFG)     {_human(out['flops'])}  ({out['flops']:,}; attention {_human(attn)}), "
+          f"prompt of {out['text_tokens']} tokens")
+    print(f"  FLOPs / image (no CFG)  {_human(out['flops_no_cfg'])}  ({out['flops_no_cfg']:,})")
+    print(f"  VAE decode FLOPs        {_human(out['tokenizer_decode_flops'])}")
     print(f"  tokens per scale        {out['tokens_per_scale']}  (L = {out['total_tokens']})")
     return 0
 

@@ -15,12 +15,20 @@ SAMPLING = {"cfg": 1.5, "top_k": 900, "top_p": 0.96, "more_smooth": False}
 # tiny model needs a stronger guidance to reach its class accuracy.
 TINY_SAMPLING = {"cfg": 2.0, "top_k": 50, "top_p": 0.9, "more_smooth": False}
 
+# Infinity (text-to-image): FoundationVision/Infinity scripts/infer.sh (cfg 4, tau 0.5) and gen_one_img
+# (top-k 900 — a no-op for two classes per bit — and top-p 0.97). Guidance is constant across scales.
+INFINITY_SAMPLING = {"cfg": 4.0, "tau": 0.5, "top_k": 900, "top_p": 0.97}
+
+# tiny-t2i: chosen on the quality bars after training (bench/recipes/tiny_t2i.py records them).
+TINY_T2I_SAMPLING = {"cfg": 3.0, "tau": 1.0, "top_k": 0, "top_p": 0.97}
+
 # name -> (type, lowest, highest, help); None bounds are open. cfg may also be None (no guidance).
 SAMPLING_PARAMS = {
     "cfg": (float, 0.0, 100.0, "classifier-free guidance scale at the last scale (ramps linearly from 0)"),
     "top_k": (int, 0, 1_000_000, "keep the k most likely tokens (0: all)"),
     "top_p": (float, 0.0, 1.0, "keep the smallest set of tokens with this probability mass (0: all)"),
     "more_smooth": (bool, None, None, "Gumbel-softmax smoothing (visualisation only, never for FID)"),
+    "tau": (float, 1e-3, 100.0, "sampling temperature: logits divided by tau (text-to-image models)"),
 }
 
 WORLDS = ("tiny", "paper")

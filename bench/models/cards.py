@@ -15,7 +15,7 @@ from typing import Dict, Optional
 
 from bench import defaults
 from bench.checkpoint import check_manifest, ckpt_dir, locate_all, sha256
-from bench.models.configs import VARConfig, VQVAEConfig
+from bench.models.configs import BSQConfig, InfinityConfig, TextConfig, VARConfig, VQVAEConfig
 from bench.registry import MODELS
 
 VAR_SOURCE = "https://huggingface.co/FoundationVision/var/resolve/main/"
@@ -85,3 +85,78 @@ def _tiny_var() -> ModelCard:
 
 
 MODELS.register("tiny-var", _tiny_var())
+
+
+# ---------------------------------------------------------------- text-to-image (Infinity class)
+INFINITY_SOURCE = "https://huggingface.co/FoundationVision/Infinity/resolve/main/"
+T5_FOLDER = "flan-t5-xl"
+TINY_T2I_SOURCE = "`make tiny-t2i` (retrains tiny-t2i from scratch; recipe in bench/recipes/tiny_t2i.py)"
+
+
+@dataclass(frozen=True)
+class T2ICard:
+    """A text-to-image Infinity-class model: transformer + BSQ VAE files and a text encoder (a folder
+    with Flan-T5-XL in the paper world, a shipped file in the tiny world)."""
+    name: str
+    inf_cfg: InfinityConfig
+    vae_cfg: BSQConfig
+    inf_file: str
+    vae_file: str
+    text_file: str                        # a folder (paper: Flan-T5-XL) or a file (tiny)
+    source: str = INFINITY_SOURCE
+    world: str = "paper"
+    sampling: dict = field(default_factory=dict)
+    vae_source_name: Optional[str] = None   # the file's name at the source, when it differs
+    text_cfg: Optional[TextConfig] = None
+
+    kind = "t2i"
+
+    @property
+    def image_size(self) -> int:
+        return self.inf_cfg.image_size[0]
+
+    def folder(self, ckpt_dir_: Optional[str | os.PathLike] = None) -> Path:
+        return ModelCard.folder(self, ckpt_dir_)
+
+    def files(self, ckpt_dir_: Optional[str | os.PathLike] = None) -> Dict[str, Path]:
+        """``{name: path}`` of the VAE and transformer weights (the text encoder is checked on load)."""
+        if self.world == "tiny":
+            pairs = [(f, self.source) for f in (self.vae_file, self.inf_file, self.text_file)]
+        else:
+            vae_src = self.source + (self.vae_source_name or self.vae_file)
+            if self.vae_source_name:
+                vae_src += f" (saved as {self.vae_file})"
+            pairs = [(self.vae_file, vae_src), (self.inf_file, self.source + self.inf_file)]
+        return locate_all(pairs, self.folder(ckpt_dir_))
+
+    def identity(self, ckpt_dir_: Optional[str | os.PathLike] = None) -> Dict[str, str]:
+        check = check_manifest if self.world == "tiny" else sha256
+        return {name: check(path) for name, path in self.files(ckpt_dir_).items()}
+
+    def build(self, device="cpu", text: bool = True):
+        """Randomly initialised generator (``device='meta'``: no memory, for accounting)."""
+        from bench.models.zoo import build_t2i
+        return build_t2i(self, device, text)
+
+    def __call__(self, ckpt_dir=None, device="cpu"):
+        from bench.models.zoo import load_t2i
+        return load_t2i(self, ckpt_dir, device)
+
+
+def _infinity_2b() -> T2ICard:
+
+    return T2ICard(name="infinity-2b", inf_cfg=InfinityConfig.infinity_2b(), vae_cfg=BSQConfig(),
+                   inf_file="infinity_2b_reg.pth", vae_file="infinity_vae_d32_reg.pth",
+                   vae_source_name="infinity_vae_d32reg.pth", text_file=T5_FOLDER,
+                   sampling=dict(defaults.INFINITY_SAMPLING))
+
+
+def _tiny_t2i() -> T2ICard:
+    from bench.tiny import configs
+    return T2ICard(name="tiny-t2i", inf_cfg=configs.TINY_T2I, vae_cfg=configs.TINY_BSQ, inf_file="tiny_t2i.safetensors",
+                   vae_file="tiny_bsq.safetensors", text_file="tiny_t2i_text.safetensors", text_cfg=configs.TINY_TEXT,
+                   source=TINY_T2I_SOURCE, world="tiny", sampling=dict(defaults.TINY_T2I_SAMPLING))
+
+
+MODELS.register("infinity-2b", _infinity_2b())
+MODELS.register("tiny-t2i", _tiny_t2i())

@@ -175,3 +175,17 @@ class InfinityConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    """The tiny world's text encoder: word vocabulary (index 0 = padding) + a small transformer."""
+    vocab: Tuple[str, ...] = ("<pad>",)
+    max_len: int = 8
+    width: int = 128
+    depth: int = 2
+    heads: int = 4
+    out_channels: int = 128          # = the transformer's text_channels
+
+    def to_dict(self) -> dict:
+        return asdict(self)

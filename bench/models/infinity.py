@@ -82,7 +82,10 @@ class RMSNorm(nn.Module):
 
 def packed(fn: Callable[[torch.Tensor], torch.Tensor], x_BTC: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
     """A per-token function applied to the valid tokens only, packed as official (``kv_compact``): the
-    same GEMM shapes, hence the same fp32 rounding; padded positions come back as zeros."""
+    same GEMM shapes, hence the same fp32 rounding; padded positions come back as zeros. (On the meta
+    device, for accounting, every position counts as valid.)"""
+    if x_BTC.is_meta:
+        return fn(x_BTC)
     out = fn(x_BTC[mask_BT])
     return out.new_zeros(*mask_BT.shape, out.shape[-1]).masked_scatter_(mask_BT.unsqueeze(-1), out)
 
@@ -184,7 +187,8 @@ class Infinity(nn.Module):
         init_std = math.sqrt(1 / C / 3)
         # the learned null prompt (official init: trunc-normal std 1.2 / √Ct5, seed 0)
         cfg_uncond = torch.empty(cfg.text_maxlen, Ct5)
-        nn.init.trunc_normal_(cfg_uncond, std=1.2, generator=torch.Generator().manual_seed(0))
+        if not cfg_uncond.is_meta:
+            nn.init.trunc_normal_(cfg_uncond, std=1.2, generator=torch.Generator(cfg_uncond.device).manual_seed(0))
         self.cfg_uncond = nn.Parameter(cfg_uncond / Ct5 ** 0.5)
         self.text_norm = RMSNorm(Ct5, cfg.norm_eps)
         self.text_proj_for_sos = TextAttentivePool(cfg)
@@ -195,7 +199,7 @@ class Infinity(nn.Module):
             nn.init.trunc_normal_(t.data, mean=0, std=init_std)
         self.word_embed = nn.Linear(cfg.codebook_dim, C)
         self.shared_ada_lin = nn.Sequential(nn.SiLU(inplace=False), SharedAdaLin(C, 6 * C))
-        dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()
+        dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]   # linear, as official
         blocks = [CrossAttnBlock(cfg, i, dpr[i]) for i in range(cfg.depth)]
         if cfg.depth % cfg.block_chunks:
             raise ValueError(f"depth {cfg.depth} is not a multiple of block_chunks {cfg.block_chunks}")

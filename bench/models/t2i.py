@@ -22,13 +22,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from bench.defaults import INFINITY_SAMPLING
 from bench.models.bsq import BSQVAE, _resize
 from bench.models.generator import sample_top_k_top_p
 from bench.models.heap import reuse_heap
 from bench.models.infinity import Infinity, rope2d_table
 from bench.models.policy import TokenPolicy
-
-INFINITY_SAMPLING = {"cfg": 4.0, "tau": 0.5, "top_k": 900, "top_p": 0.97}   # scripts/infer.sh, gen_one_img
 
 
 class TextEncoder(nn.Module):

@@ -57,3 +57,57 @@ def load_generator(var_path, vae_path, card: ModelCard, device="cpu") -> Generat
     vae = load_vae(vae_path, card.vae_cfg, device)
     var = load_var(var_path, card.var_cfg, device)
     return Generator(var, vae, name=card.name)
+
+
+# ---------------------------------------------------------------- text-to-image (Infinity class)
+def build_t2i(card, device="cpu", text: bool = True):
+    """Randomly initialised text-to-image generator of ``card`` (``device='meta'``: for accounting).
+    The paper world's Flan-T5 is not built here (``text=False`` or paper world: no text encoder)."""
+    from bench.models.bsq import BSQVAE
+    from bench.models.infinity import Infinity
+    from bench.models.t2i import T2IGenerator
+    from bench.models.text import TinyTextEncoder
+    with torch.device(device):
+        enc = TinyTextEncoder(card.text_cfg) if text and card.text_cfg is not None else None
+        return T2IGenerator(Infinity(card.inf_cfg), BSQVAE(card.vae_cfg), enc, name=card.name)
+
+
+def load_bsq(path, cfg, device="cpu"):
+    from bench.models.bsq import BSQVAE
+    sd = read_state_dict(path, entry="vae")   # Infinity's VAE file keeps its state_dict under "vae"
+    with torch.device("meta"):
+        vae = BSQVAE(cfg)
+    sd = {k: v.float() if v.is_floating_point() else v for k, v in vae.adapt_state_dict(sd).items()}
+    load_strict(vae, sd, Path(path).name, assign=True)
+    return vae.to(device).eval().requires_grad_(False)
+
+
+def _load_module(module_fn, path, device="cpu"):
+    sd = read_state_dict(path)
+    with torch.device("meta"):
+        m = module_fn()
+    sd = {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}   # tiny files store fp16
+    load_strict(m, sd, Path(path).name, assign=True)
+    return m.to(device).eval().requires_grad_(False)
+
+
+def load_t2i(card, ckpt_dir=None, device="cpu"):
+    """``card``'s text-to-image generator with its files loaded (strict) after checking their identity;
+    the paper world's text encoder comes from ``<ckpt dir>/flan-t5-xl`` (transformers, optional)."""
+    from bench.models.infinity import Infinity, adapt_state_dict
+    from bench.models.t2i import T2IGenerator
+    from bench.models.text import T5TextEncoder, TinyTextEncoder
+    card.identity(ckpt_dir)
+    files = card.files(ckpt_dir)
+    vae = load_bsq(files[card.vae_file], card.vae_cfg, device)
+    sd = adapt_state_dict(read_state_dict(files[card.inf_file]))
+    with torch.device("meta"):
+        inf = Infinity(card.inf_cfg)
+    sd = {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
+    load_strict(inf, sd, card.inf_file, assign=True)
+    inf = inf.to(device).eval().requires_grad_(False)
+    if card.text_cfg is not None:
+        text = _load_module(lambda: TinyTextEncoder(card.text_cfg), files[card.text_file], device)
+    else:
+        text = T5TextEncoder(card.folder(ckpt_dir) / card.text_file, device=device)
+    return T2IGenerator(inf, vae, text, name=card.name)

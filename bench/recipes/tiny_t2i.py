@@ -1,0 +1,250 @@
+"""Recipe of the tiny text-to-image world (``make tiny-t2i`` / ``varbench train-tiny --world t2i``):
+``tiny-t2i`` = the Infinity class in a tiny config + the BSQ VAE class in a tiny config + a tiny text
+encoder, trained from scratch with fixed seeds on ``shapes-scenes`` and written to ``assets/tiny/``
+with manifest entries (sha256, recipe, seed, thread count, SIMD level, curves, quality).
+
+1. ``tiny_bsq.safetensors`` — the BSQ VAE (16 bits per token, 8× downsampling: 8×8 latents for 64×64
+   scenes; Infinity's 1:1 schedule up to 8×8: scales 1, 2, 4, 6, 8). Loss: MSE + 0.5·L1 reconstruction through the straight-through multi-scale BSQ over the
+   tiny schedule. Deviation from Infinity's tokenizer recipe (L1 + LPIPS + GAN, entropy penalty):
+   no perceptual or adversarial loss (no weights to download here) and no entropy penalty (the
+   official code computes it as zero with ``new_quant``).
+2. ``tiny_t2i.safetensors`` + ``tiny_t2i_text.safetensors`` — the transformer and the text encoder,
+   trained jointly as Infinity is: bitwise cross-entropy of every scale's bits under teacher forcing
+   with the block-causal mask (inputs made by the training quantiser), prompt dropout 0.1 to the
+   learned null prompt for CFG, AdamW, linear warm-up then cosine decay. Deviation: no bitwise
+   self-correction (Infinity's BSC flips input bits during training), and the weights are stored as
+   fp16 (the quality figures are measured on the stored weights).
+3. ``eval`` — the quality bars, measured with the exact scene detector (``bench.data.scenes_detect``)
+   on held-out prompts of the ``eval`` split's grammar: single-object shape+colour, two-object both
+   present, counting exact (2–4), position; written into the manifest with the sampling settings.
+
+Each stage runs under its recipe's thread count; the entry records it and the SIMD level.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from bench.data import scenes
+from bench.models.bsq import BSQVAE
+from bench.models.infinity import Infinity
+from bench.models.t2i import T2IGenerator
+from bench.models.text import TinyTextEncoder
+from bench.recipes.tiny import _lr, _numerics, pinned_threads, psnr, write_manifest
+from bench.tiny import configs
+
+BSQ_RECIPE = dict(seed=0, steps=2000, batch=16, lr=2e-3, warmup=100, pool=16384, l1=0.5, threads=2)
+T2I_RECIPE = dict(seed=0, steps=4000, batch=48, lr=1.5e-3, wd=0.05, warmup=200, pool=40960, threads=2)
+EVAL = dict(per_task=100, seed=0, threads=2)
+BARS = {"single_object": 0.90, "two_object": 0.60, "counting": 0.40, "position": 0.40}
+FILES = {"bsq": "tiny_bsq.safetensors", "t2i": "tiny_t2i.safetensors", "text": "tiny_t2i_text.safetensors"}
+STAGES = ("bsq", "t2i", "eval")
+
+
+def to_pm1(img_uint8: torch.Tensor) -> torch.Tensor:
+    return img_uint8.float().div(127.5).sub(1)
+
+
+# ------------------------------------------------------------------ 1. BSQ VAE
+def train_bsq(recipe: dict = BSQ_RECIPE, progress: bool = True):
+    torch.manual_seed(recipe["seed"])
+    imgs, *_ = scenes.generate(recipe["pool"], "train")
+    val, *_ = scenes.generate(512, "val")
+    vae = BSQVAE(configs.TINY_BSQ).train()
+    opt = torch.optim.AdamW(vae.parameters(), lr=recipe["lr"], betas=(0.9, 0.95), weight_decay=0.0)
+    g = torch.Generator().manual_seed(recipe["seed"])
+    curve: List[dict] = []
+    bar = tqdm(range(recipe["steps"]), desc="tiny BSQ VAE", disable=not progress)
+    for step in bar:
+        for pg in opt.param_groups:
+            pg["lr"] = _lr(step, recipe["steps"], recipe["lr"], recipe["warmup"])
+        x = to_pm1(imgs[torch.randint(len(imgs), (recipe["batch"],), generator=g)])
+        z, _, _ = vae.encode(x, configs.T2I_SCHEDULE)
+        rec = vae.decoder(z)
+        loss = F.mse_loss(rec, x) + recipe["l1"] * F.l1_loss(rec, x)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % 50 == 0 or step == recipe["steps"] - 1:
+            curve.append({"step": step, "loss": round(loss.item(), 5)})
+            bar.set_postfix(rec=f"{loss.item():.4f}")
+    vae.eval().requires_grad_(False)
+    return vae, {"curve": curve, "val_psnr_db": round(bsq_psnr(vae, val), 3)}
+
+
+@torch.no_grad()
+def bsq_psnr(vae: BSQVAE, imgs_uint8: torch.Tensor, batch: int = 128) -> float:
+    rec = []
+    for i in range(0, len(imgs_uint8), batch):
+        z, _, _ = vae.encode(to_pm1(imgs_uint8[i:i + batch]), configs.T2I_SCHEDULE)
+        rec.append(vae.decode(z).add(1).mul(127.5).add(0.5).clamp(0, 255).to(torch.uint8))
+    return psnr(torch.cat(rec), imgs_uint8)
+
+
+# ------------------------------------------------------------------ 2. transformer + text encoder
+@torch.no_grad()
+def bit_pyramids(vae: BSQVAE, imgs_uint8: torch.Tensor, batch: int = 256, progress: bool = True) -> List[torch.Tensor]:
+    """The training set's bits per scale (int8 [N, h·w, d]), computed once."""
+    out = [[] for _ in configs.T2I_SCHEDULE]
+    for i in tqdm(range(0, len(imgs_uint8), batch), desc="tokenise scenes", disable=not progress):
+        _, bits, _ = vae.encode(to_pm1(imgs_uint8[i:i + batch]), configs.T2I_SCHEDULE)
+        for k, b in enumerate(bits):
+            out[k].append(b.to(torch.int8))
+    return [torch.cat(o) for o in out]
+
+
+def init_t2i_weights(inf: Infinity, gamma: float = 0.1, head: float = 0.02) -> None:
+    """VAR/Infinity-style init: trunc-normal std √(1/3C) linears, head × 0.02, out-projections ÷ √(2·depth),
+    the shared AdaLN table scaled down (gammas × ``gamma``) so blocks start near identity."""
+    std = math.sqrt(1 / inf.C / 3)
+    with torch.no_grad():
+        for m in inf.modules():
+            if isinstance(m, torch.nn.Linear):
+                torch.nn.init.trunc_normal_(m.weight, std=std)
+                if m.bias is not None:
+                    torch.nn.init.zeros_(m.bias)
+        inf.head.weight.mul_(head)
+        blocks = inf.block_list
+        for b in blocks:
+            for proj in (b.sa.proj, b.ca.proj, b.ffn.fc2):
+                proj.weight.div_(math.sqrt(2 * len(blocks)))
+            b.ada_gss[:, :, :2].mul_(gamma)
+
+
+def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, snapshot: Optional[Path] = None):
+    torch.manual_seed(recipe["seed"])
+    imgs, prompts, *_ = scenes.generate(recipe["pool"], "train")
+    ids, mask = scenes.tokenize(prompts, configs.T2I_MAX_WORDS)
+    bits = bit_pyramids(vae, imgs, progress=progress)
+    del imgs
+    inf, text = Infinity(configs.TINY_T2I), TinyTextEncoder(configs.TINY_TEXT)
+    init_t2i_weights(inf)
+    gen = T2IGenerator(inf, vae, text).train()
+    vae.eval()
+    params = [(n, p) for m in (inf, text) for n, p in m.named_parameters()]
+    decay = [p for n, p in params if p.ndim >= 2 and "pos" not in n and "embed" not in n and "cfg_uncond" not in n]
+    no_decay = [p for n, p in params if not (p.ndim >= 2 and "pos" not in n and "embed" not in n and "cfg_uncond" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe["wd"]}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=recipe["lr"], betas=(0.9, 0.95))
+    g = torch.Generator().manual_seed(recipe["seed"] + 1)
+    curve: List[dict] = []
+    bar = tqdm(range(recipe["steps"]), desc="tiny-t2i", disable=not progress)
+    for step in bar:
+        for pg in opt.param_groups:
+            pg["lr"] = _lr(step, recipe["steps"], recipe["lr"], recipe["warmup"])
+        idx = torch.randint(len(ids), (recipe["batch"],), generator=g)
+        feats = text(ids[idx], mask[idx])
+        loss = gen.loss(feats, mask[idx], [b[idx].long() for b in bits])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for _, p in params], 2.0)
+        opt.step()
+        if step % 50 == 0 or step == recipe["steps"] - 1:
+            curve.append({"step": step, "loss": round(loss.item(), 5)})
+            bar.set_postfix(bce=f"{loss.item():.4f}")
+        if snapshot is not None and (step + 1) % 500 == 0:
+            save_fp16(inf, snapshot, configs.TINY_T2I.to_dict())
+            save_fp16(text, snapshot.with_name(snapshot.name.replace(".safetensors", "_text.safetensors")),
+                      configs.TINY_TEXT.to_dict())
+    inf.eval(), text.eval()
+    return inf, text, {"curve": curve}
+
+
+def save_fp16(module: torch.nn.Module, path: Path, config: dict) -> None:
+    """Floating tensors as fp16 (half the size); loading upcasts to the very same fp32 values."""
+    from safetensors.torch import save
+
+    from bench.io import atomic_write_bytes, canonical_safetensors
+    sd = {k: (v.detach().half() if v.is_floating_point() else v.detach()).contiguous().clone()   # no shared storage
+          for k, v in module.state_dict().items()}
+    atomic_write_bytes(path, canonical_safetensors(save(sd, metadata={"config": json.dumps(config)})))
+
+
+# ------------------------------------------------------------------ 3. quality bars
+@torch.no_grad()
+def measure(gen: T2IGenerator, sampling: dict, per_task: int = EVAL["per_task"], seed: int = EVAL["seed"],
+            batch: int = 50, progress: bool = True) -> Dict[str, float]:
+    """Fraction of held-out prompts per task whose sample passes the detector's check."""
+    from bench.data import scenes_detect
+    out = {}
+    for task in BARS:
+        prompts, specs = scenes.eval_prompts(task, per_task, seed=seed)
+        ok = 0
+        for i in tqdm(range(0, len(prompts), batch), desc=f"eval {task}", disable=not progress):
+            imgs = gen.generate(prompts[i:i + batch], seed=seed * 1_000_003 + i, **sampling)
+            dets = scenes_detect.detect(imgs)
+            ok += sum(scenes_detect.check(s, d) for s, d in zip(specs[i:i + batch], dets))
+        out[task] = round(ok / len(prompts), 4)
+    return out
+
+
+def load_tiny_t2i(out: Path) -> T2IGenerator:
+    from bench.models.zoo import load_t2i
+    from bench.registry import MODELS
+    return load_t2i(MODELS.get("tiny-t2i"), out)
+
+
+def run(out: Path, stages=STAGES, progress: bool = True) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    if "bsq" in stages:
+        with pinned_threads(BSQ_RECIPE["threads"]) as threads:
+            t0 = time.time()
+            vae, info = train_bsq(BSQ_RECIPE, progress)
+            save_fp16(vae, out / FILES["bsq"], configs.TINY_BSQ.to_dict())
+            write_manifest(out, {"tiny-bsq": {"file": FILES["bsq"], "recipe": BSQ_RECIPE, **_numerics(threads),
+                                              "config": configs.TINY_BSQ.to_dict(), "train_seconds": round(time.time() - t0),
+                                              "quality": {"val_psnr_db": info["val_psnr_db"]}, "curve": info["curve"]}})
+        print(f"tiny BSQ VAE: val PSNR {info['val_psnr_db']:.2f} dB")
+    if "t2i" in stages:
+        from bench.models.zoo import load_bsq
+        with pinned_threads(T2I_RECIPE["threads"]) as threads:
+            t0 = time.time()
+            vae = load_bsq(out / FILES["bsq"], configs.TINY_BSQ)
+            snap = out / "tiny_t2i.snapshot.safetensors"
+            inf, text, info = train_t2i(vae, T2I_RECIPE, progress, snapshot=snap)
+            for p in (snap, snap.with_name("tiny_t2i.snapshot_text.safetensors")):
+                p.unlink(missing_ok=True)
+            save_fp16(inf, out / FILES["t2i"], configs.TINY_T2I.to_dict())
+            save_fp16(text, out / FILES["text"], configs.TINY_TEXT.to_dict())
+            common = {"recipe": T2I_RECIPE, **_numerics(threads), "train_seconds": round(time.time() - t0)}
+            write_manifest(out, {"tiny-t2i": {"file": FILES["t2i"], "config": configs.TINY_T2I.to_dict(), **common,
+                                              "curve": info["curve"]},
+                                 "tiny-t2i-text": {"file": FILES["text"], "config": configs.TINY_TEXT.to_dict(), **common}})
+    if "eval" in stages:
+        from bench.registry import MODELS
+        sampling = dict(MODELS.get("tiny-t2i").sampling)
+        with pinned_threads(EVAL["threads"]) as threads:
+            q = measure(load_tiny_t2i(out).eval(), sampling, progress=progress)
+        manifest = json.loads((out / "manifest.json").read_text())
+        entry = manifest["models"]["tiny-t2i"]
+        entry["quality"] = {**q, "per_task": EVAL["per_task"], "seed": EVAL["seed"], "sampling": sampling,
+                            "threads": threads, "bars": BARS}
+        write_manifest(out, {"tiny-t2i": entry})
+        print("tiny-t2i quality:", json.dumps(q))
+
+
+def main(argv=None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m bench.recipes.tiny_t2i", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="assets/tiny", help="output folder (default: assets/tiny)")
+    p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    stages = [s.strip() for s in a.stages.split(",") if s.strip()]
+    bad = [s for s in stages if s not in STAGES]
+    if bad:
+        p.error(f"unknown stage(s) {bad}; choose from {', '.join(STAGES)}")
+    run(Path(a.out), stages, progress=not a.no_progress)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

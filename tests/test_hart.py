@@ -1,0 +1,288 @@
+"""varbench's HART (transformer, residual diffusion head, hybrid tokenizer) against golden outputs of the
+official mit-han-lab/hart code, plus its RoPE, config and checkpoint contracts.
+
+``tests/fixtures/official/hart_golden.safetensors`` holds a tiny hybrid tokenizer and two small
+transformers built with the official classes (A: the guessed hart-0.7b layout, scale_shift_table
+AdaLN, SwiGLU; B: per-block ada_lin, GELU MLP, cosine attention, context norm), seeded weights, and what
+the official code computed with them. Here the same weights go into varbench's classes with strict
+loading and every output must match: tokens exactly, floats within the tolerances below. Both sides
+run in fp32 on one CPU thread with weights that do not require grad; a real bug moves these outputs
+by ~1e-2 or more.
+
+Regenerate the fixture with ``tests/fixtures/official/make_hart_golden.py`` (see its docstring).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.checkpoint import CheckpointMismatch, load_strict
+from bench.models.hart import HART, apply_rope, image_positions, rope_1d, rope_2d
+from bench.models.hart_config import LLM_REQUIRED, HARTConfig, HARTConfigError
+from bench.models.hart_diffusion import space_timesteps
+from bench.models.hart_vae import HARTTokenizer
+
+FIXTURE = Path(__file__).parent / "fixtures" / "official" / "hart_golden.safetensors"
+REGENERATE = ("regenerate it from a mit-han-lab/hart checkout: "
+              "python tests/fixtures/official/make_hart_golden.py --official /path/to/hart (see its docstring)")
+
+LOGITS_ATOL = 1e-5      # logits of a few units
+LATENT_ATOL = 1e-5      # tokenizer residual, teacher-forcing input, diffusion residual
+IMAGE_ATOL = 1e-5       # sampled images in [0, 1]
+# more_smooth divides logits by a Gumbel temperature down to 0.0135: last-bit differences grow ~100×.
+SMOOTH_IMAGE_ATOL = 2e-4
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _settings():
+    """(model, index) of every sampling setting in the fixture (read at collection time)."""
+    if not FIXTURE.is_file():
+        return [("a", 0)]
+    from safetensors import safe_open
+    with safe_open(str(FIXTURE), framework="pt") as f:
+        samplings = json.loads(f.metadata()["golden"])["samplings"]
+    return [(m, i) for m, ss in sorted(samplings.items()) for i in range(len(ss))]
+
+
+@pytest.fixture(scope="module")
+def golden():
+    if not FIXTURE.is_file():
+        pytest.fail(f"golden fixture {FIXTURE} is missing; {REGENERATE}", pytrace=False)
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    with safe_open(str(FIXTURE), framework="pt") as f:
+        meta = json.loads(f.metadata()["golden"])
+    return load_file(str(FIXTURE)), meta
+
+
+def _part(tensors: dict, prefix: str) -> dict:
+    """A stored state_dict; its fp16 tensors hold exactly the fp32 values of the official run."""
+    return {k[len(prefix):]: (v.float() if v.dtype == torch.float16 else v)
+            for k, v in tensors.items() if k.startswith(prefix) and ".official." not in k and ".sample." not in k}
+
+
+@pytest.fixture(scope="module")
+def models(golden):
+    tensors, meta = golden
+    cfgs = {name: HARTConfig.from_dict(d) for name, d in meta["varbench_config"].items()}
+    tok = HARTTokenizer(cfgs["a"].tokenizer)
+    load_strict(tok, _part(tensors, "tok."), "official HART tokenizer state_dict")
+    tok.eval().requires_grad_(False)
+    out = {"tok": tok}
+    for name, cfg in cfgs.items():
+        model = HART(cfg, tok)
+        load_strict(model, _part(tensors, f"{name}."), f"official HART transformer {name} state_dict")
+        out[name] = model.eval().requires_grad_(False)
+    return out
+
+
+def _inputs(tensors):
+    return tensors["input.context_BLC"], tensors["input.context_mask_BL"]
+
+
+def _maxdiff(a, b) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def _split(idx_BL, patch_nums):
+    return list(idx_BL.split([pn * pn for pn in patch_nums], dim=1))
+
+
+# ---------------------------------------------------------------- golden: official vs varbench
+def test_state_dicts_round_trip(golden, models):
+    tensors, meta = golden
+    for prefix in ["tok", *meta["varbench_config"]]:
+        want, got = _part(tensors, prefix + "."), models[prefix].state_dict()
+        assert got.keys() == want.keys(), prefix
+        for k, v in want.items():
+            assert got[k].dtype == v.dtype and torch.equal(got[k], v), f"{prefix}.{k}"
+
+
+def test_tokenizer_pyramid_residual_and_teacher_input(golden, models):
+    tensors, _ = golden
+    tok, pns = models["tok"], models["a"].patch_nums
+    with torch.no_grad():
+        idx, residual = tok.img_to_idx_and_residual(tensors["input.img_B3HW"], pns)
+        var_in = tok.quantize.idx_to_var_input(idx, pns)
+    for si, (a, b) in enumerate(zip(idx, _split(tensors["tok.official.idx_BL"], pns))):
+        assert torch.equal(a, b), f"scale {si}: {(a != b).sum().item()} of {b.numel()} tokens differ"
+    assert _maxdiff(residual, tensors["tok.official.residual_BLC"]) <= LATENT_ATOL
+    assert _maxdiff(var_in, tensors["tok.official.var_input_BLCv"]) <= LATENT_ATOL
+
+
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_teacher_forced_logits(golden, models, name):
+    tensors, meta = golden
+    model, ctx_mask = models[name], _inputs(tensors)
+    cols = meta["logit_cols"]
+    with torch.no_grad():
+        on_official_input = model(*ctx_mask, tensors["tok.official.var_input_BLCv"])
+        idx, _ = models["tok"].img_to_idx_and_residual(tensors["input.img_B3HW"], model.patch_nums)
+        end_to_end = model(*ctx_mask, models["tok"].quantize.idx_to_var_input(idx, model.patch_nums))
+    assert on_official_input.shape == (2, model.cfg.L, model.V)
+    for what, logits in (("official input", on_official_input), ("end to end", end_to_end)):
+        d = _maxdiff(logits[..., :cols], tensors[f"{name}.official.logits_BLv"])
+        assert d <= LOGITS_ATOL, f"{name} logits on the {what}: max diff {d:.3g}"
+        d = _maxdiff(logits.logsumexp(-1), tensors[f"{name}.official.logsumexp_BL"])
+        assert d <= LOGITS_ATOL, f"{name} logsumexp on the {what}: max diff {d:.3g}"
+
+
+def test_diffusion_head_alone(golden, models):
+    """The official diffusion head's input and generator state → the same residual."""
+    tensors, meta = golden
+    g = torch.Generator()
+    g.set_state(tensors["a.sample.0.diff_rng_state"])
+    t = meta["samplings"]["a"][0]["diffusion_cfg"]
+    res = models["a"].diffloss.sample(tensors["a.sample.0.diff_z"], cfg=t, generator=g)
+    assert _maxdiff(res, tensors["a.sample.0.residual"]) <= LATENT_ATOL
+
+
+@pytest.mark.parametrize("name,i", _settings())
+def test_cfg_sampling_matches_official(golden, models, name, i):
+    tensors, meta = golden
+    s = meta["samplings"][name][i]
+    model = models[name]
+    kw = dict(seed=s["g_seed"], cfg=s["cfg"], top_p=s["top_p"], more_smooth=s["more_smooth"])
+    tokens, f_hat = model.sample_tokens(*_inputs(tensors), **kw)
+    for si, (a, b) in enumerate(zip(tokens, _split(tensors[f"{name}.sample.{i}.idx_BL"], model.patch_nums))):
+        assert torch.equal(a, b), f"{name} {s}: scale {si}: {(a != b).sum().item()} of {b.numel()} tokens differ"
+    with torch.no_grad():
+        img_01 = model.tokenizer.fhat_to_img(f_hat).add_(1).mul_(0.5)
+    want = tensors[f"{name}.sample.{i}.img_B3HW"]
+    atol = SMOOTH_IMAGE_ATOL if s["more_smooth"] else IMAGE_ATOL
+    assert _maxdiff(img_01, want) <= atol, f"{name} {s}: image max diff {_maxdiff(img_01, want):.3g}"
+    # the public entry point: the official image as app.py saves it (x·255 truncated); a pixel within
+    # `atol` of a level boundary may land on either side
+    got_u8, want_u8 = model.generate(*_inputs(tensors), **kw), (want * 255).to(torch.uint8)
+    x = want * 255
+    off = (got_u8 != want_u8) & ((x - x.round()).abs() > 255 * atol)
+    assert not off.any() and (got_u8.int() - want_u8.int()).abs().max() <= 1
+
+
+# ---------------------------------------------------------------- sampling contracts
+def test_same_seed_same_image_different_seed_different(golden, models):
+    tensors, _ = golden
+    model = models["a"]
+    a = model.generate(*_inputs(tensors), seed=1, cfg=4.5)
+    assert torch.equal(a, model.generate(*_inputs(tensors), seed=1, cfg=4.5))
+    assert not torch.equal(a, model.generate(*_inputs(tensors), seed=2, cfg=4.5))
+    assert a.dtype == torch.uint8 and a.shape == (2, 3, model.cfg.image_size, model.cfg.image_size)
+
+
+def test_residual_changes_only_the_last_scale(golden, models):
+    """The diffusion head refines the last scale's codes; it does not change any token."""
+    tensors, _ = golden
+    model = models["a"]
+    t1, f1 = model.sample_tokens(*_inputs(tensors), seed=4, more_smooth=False)
+    t0, f0 = model.sample_tokens(*_inputs(tensors), seed=4, more_smooth=False, residual=False)
+    assert all(torch.equal(a, b) for a, b in zip(t0, t1)) and not torch.allclose(f0, f1)
+
+
+def test_respacing_keeps_the_official_timesteps():
+    assert sorted(space_timesteps(1000, "8")) == [0, 143, 285, 428, 571, 714, 856, 999]
+    assert sorted(space_timesteps(1000, "ddim4")) == [0, 250, 500, 750]
+
+
+# ---------------------------------------------------------------- RoPE, written out
+def test_rope_2d_and_1d_equal_a_direct_computation():
+    torch.manual_seed(0)
+    pns, c, H = (1, 2, 4), 8, 2
+    offset = torch.tensor([5, 0])
+    pos = image_positions(pns, [1], offset)       # scale 1 (2×2) on a 4×4 grid: step 4/2 = 2
+    assert pos.tolist() == [[[5, 5], [5, 7], [7, 5], [7, 7]], [[0, 0], [0, 2], [2, 0], [2, 2]]]
+    q, k = torch.randn(2, H, 4, c, dtype=torch.float64), torch.randn(2, H, 4, c, dtype=torch.float64)
+    cos, sin = rope_2d(pos, c, torch.float64)
+    q_rot, k_rot = apply_rope(q, k, cos, sin)
+    f = [10000 ** (-4 * j / c) for j in range(c // 4)]   # c/4 frequencies per axis
+    want = torch.empty_like(q)
+    for b in range(2):
+        for l in range(4):
+            row, col = pos[b, l].tolist()
+            # angle per dim: [row·f | row·f | col·f | col·f]; dim d pairs with d + c/2 (rotate_half)
+            ang = [row * f[j] for j in range(c // 4)] * 2 + [col * f[j] for j in range(c // 4)] * 2
+            for d in range(c // 2):
+                x1, x2 = q[b, :, l, d], q[b, :, l, d + c // 2]
+                want[b, :, l, d] = x1 * math.cos(ang[d]) - x2 * math.sin(ang[d])
+                want[b, :, l, d + c // 2] = x2 * math.cos(ang[d + c // 2]) + x1 * math.sin(ang[d + c // 2])
+    assert torch.allclose(q_rot, want, atol=1e-5) and not torch.allclose(k_rot, k)
+
+    pos1 = torch.tensor([[0, 1, 2, 2]])           # a padded prompt: the padding repeats the last position
+    cos, sin = rope_1d(pos1, c, torch.float64)
+    q1 = torch.randn(1, 1, 4, c, dtype=torch.float64)
+    q1_rot, _ = apply_rope(q1, q1, cos, sin)
+    g = [10000 ** (-2 * j / c) for j in range(c // 2)]
+    for l, p in enumerate(pos1[0].tolist()):
+        for d in range(c // 2):
+            a, x1, x2 = p * g[d], q1[0, 0, l, d], q1[0, 0, l, d + c // 2]
+            assert abs(q1_rot[0, 0, l, d] - (x1 * math.cos(a) - x2 * math.sin(a))) < 1e-6
+            assert abs(q1_rot[0, 0, l, d + c // 2] - (x2 * math.cos(a) + x1 * math.sin(a))) < 1e-6
+
+
+# ---------------------------------------------------------------- checkpoints and configs
+def test_wrong_keys_list_every_offender(golden):
+    tensors, meta = golden
+    sd = _part(tensors, "a.")
+    sd["head.weight"] = sd["head.weight"][:, :10]
+    sd["blocks.1.attn.qkv_proj.weight"] = sd["blocks.1.attn.qkv_proj.weight"].T
+    del sd["blocks.0.scale_shift_table"]
+    sd["blocks.0.ada_lin.1.weight"] = torch.zeros(1)
+    model = HART(HARTConfig.from_dict(meta["varbench_config"]["a"]))
+    with pytest.raises(CheckpointMismatch) as e:
+        load_strict(model, sd, "hart-test")
+    msg = str(e.value)
+    assert "1 missing, 1 unexpected, 2 wrongly shaped" in msg
+    for key in ("head.weight", "blocks.1.attn.qkv_proj.weight", "blocks.0.scale_shift_table", "blocks.0.ada_lin.1.weight"):
+        assert key in msg, key
+
+
+def _official_config_files(root: Path, cfg: HARTConfig, drop=(), drop_tok=()):
+    """config.json files as the official Hugging Face classes save them (plus keys varbench ignores)."""
+    llm = {k: v for k, v in cfg.to_dict().items() if k != "tokenizer"} | dict(
+        model_type="hart_transformer_t2i", vae_path=None, cond_drop_rate=0.1, drop_path_rate=0.0,
+        flash_if_available=True, diffusion_batch_mul=4)
+    tok = cfg.tokenizer.to_dict() | dict(model_type="hart_autoencoder_with_disc", test_mode=False, hybrid=True)
+    for d, sub, gone in ((llm, "llm", drop), (tok, "tokenizer", drop_tok)):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        (root / sub / "config.json").write_text(json.dumps({k: v for k, v in d.items() if k not in gone}))
+
+
+def test_from_pretrained_dir_reads_both_files(tmp_path):
+    cfg = HARTConfig.small_for_tests(sep_aln_pooling_mode="avg")
+    _official_config_files(tmp_path, cfg)
+    assert HARTConfig.from_pretrained_dir(tmp_path) == cfg
+    assert HARTConfig.from_pretrained_dir(tmp_path / "llm") == cfg   # the official --model_path
+
+
+def test_from_pretrained_dir_names_every_missing_flag(tmp_path):
+    _official_config_files(tmp_path, HARTConfig.small_for_tests(), drop=("depth", "patch_nums", "disable_aln"),
+                           drop_tok=("vocab_size", "v_patch_nums"))
+    with pytest.raises(HARTConfigError) as e:
+        HARTConfig.from_pretrained_dir(tmp_path)
+    msg = str(e.value)
+    for flag in ("depth", "patch_nums", "disable_aln", "vocab_size", "v_patch_nums"):
+        assert flag in msg, flag
+    assert "llm/config.json" in msg and "tokenizer/config.json" in msg
+    assert "embed_dim" not in msg and all(f in LLM_REQUIRED for f in ("depth", "patch_nums", "disable_aln"))
+
+
+def test_unsupported_flags_are_refused(tmp_path):
+    _official_config_files(tmp_path, HARTConfig.small_for_tests().replace(attn_type="gpt2", use_cross_attn=True))
+    with pytest.raises(HARTConfigError, match="attn_type='gpt2'(.|\n)*use_cross_attn"):
+        HARTConfig.from_pretrained_dir(tmp_path)
+
+
+def test_default_guess_is_0_7b():
+    """The documented guess for hart-0.7b: 0.73 B parameters with its 37 M diffusion head (paper: 732 M)."""
+    cfg = HARTConfig.hart_0_7b()
+    with torch.device("meta"):
+        model = HART(cfg)
+    n = sum(p.numel() for p in model.parameters())
+    n_diff = sum(p.numel() for p in model.diffloss.parameters())
+    assert 0.72e9 < n < 0.74e9 and 36e6 < n_diff < 38e6, (n, n_diff)
+    assert cfg.image_size == 1024 and cfg.seq_len == 300 + 9451 - 1
+    assert model.attn_bias_for_masking.shape == (1, 1, 9750, 9750)
