@@ -141,3 +141,45 @@ def t2i_info(gen, card, text_tokens: int = TEXT_TOKENS) -> dict:
         "bits_per_token": cfg.codebook_dim,
         "sampling": dict(card.sampling),
     }
+
+
+def hart_info(card) -> dict:
+    """``varbench info --json`` of HART: transformer (with its residual diffusion head), tokenizer and
+    text model parameters; FLOPs of one image with the full 300-token context (official: the prompt is
+    padded to ``context_token`` and every position is processed)."""
+    from bench.models.text import qwen2_params
+    cfg = card.config()
+    model = card.build("meta", cfg)
+    ctx = torch.zeros(1, cfg.context_token, cfg.context_dim, device="meta")
+    mask = torch.ones(1, cfg.context_token, dtype=torch.long, device="meta")
+
+    def flops(**kw):
+        fc = FlopCounterMode(display=False)
+        with fc:
+            model.sample_tokens(ctx, mask, seed=None, **kw)
+        return int(fc.get_total_flops())
+
+    with torch.device("meta"):
+        fc = FlopCounterMode(display=False)
+        with fc, torch.no_grad():
+            model.tokenizer.fhat_to_img(torch.zeros(1, cfg.Cvae, cfg.patch_nums[-1], cfg.patch_nums[-1]))
+    return {
+        "model": card.name,
+        "params": count_params(model),
+        "diffusion_head_params": count_params(model.diffloss),
+        "tokenizer_params": count_params(model.tokenizer),
+        "text_encoder_params": qwen2_params(),
+        "text_encoder": "Qwen2-1.5B config (assumed for Qwen2-VL-1.5B-Instruct, whose config is not verified)",
+        "config_source": "checkpoint folder" if (card.folder() / "llm" / "config.json").is_file()
+        else "documented guess (bench.models.hart_config.HARTConfig.hart_0_7b)",
+        "flops": flops(cfg=card.sampling["cfg"], more_smooth=False),
+        "flops_no_cfg": None,   # HART always runs the [cond; uncond] batch (official sampler)
+        "tokenizer_decode_flops": int(fc.get_total_flops()),
+        "text_tokens": cfg.context_token,
+        "tokens_per_scale": [pn * pn for pn in cfg.patch_nums],
+        "total_tokens": cfg.L,
+        "image_size": cfg.image_size,
+        "depth": cfg.depth,
+        "width": cfg.embed_dim,
+        "sampling": dict(card.sampling),
+    }

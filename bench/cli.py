@@ -35,8 +35,13 @@ def _cmd_info(args) -> int:
 
     card = MODELS.get(args.model)
     chain = requested_chain(args.method)     # names and parameters checked before any model is built
-    if getattr(card, "kind", "c2i") == "t2i":
-        return _info_t2i(args, card, chain)
+    kind = getattr(card, "kind", "c2i")
+    if kind != "c2i":   # text-to-image families: their own accounting
+        if chain:
+            print(f"varbench: error: --method on the text-to-image model {card.name} is not supported yet "
+                  f"(method chains apply to the class-conditional VAR models)", file=sys.stderr)
+            return 2
+        return _INFO_BY_KIND[kind](args, card)
     from bench.accounting import info
     from bench.method import Context, apply_chain
     from bench.spec import resolve_chain
@@ -68,11 +73,13 @@ def _cmd_info(args) -> int:
     return 0
 
 
-def _info_t2i(args, card, chain) -> int:
-    from bench.accounting import t2i_info
-    if chain:
-        print(f"varbench: error: --method on the text-to-image model {card.name} is not supported yet "
-              f"(method chains apply to the class-conditional VAR models)", file=sys.stderr)
+def _info_t2i(args, card) -> int:
+    from bench.accounting import TEXT_TOKENS, t2i_info
+    if args.text_tokens is None:
+        args.text_tokens = min(TEXT_TOKENS, card.inf_cfg.text_maxlen)
+    if not 1 <= args.text_tokens <= card.inf_cfg.text_maxlen:
+        print(f"varbench: error: --text-tokens {args.text_tokens} is out of range [1, {card.inf_cfg.text_maxlen}] "
+              f"for {card.name}", file=sys.stderr)
         return 2
     out = t2i_info(card.build(device="meta", text=card.world == "tiny"), card, text_tokens=args.text_tokens)
     if args.json:
@@ -92,6 +99,57 @@ def _info_t2i(args, card, chain) -> int:
     print(f"  FLOPs / image (no CFG)  {_human(out['flops_no_cfg'])}  ({out['flops_no_cfg']:,})")
     print(f"  VAE decode FLOPs        {_human(out['tokenizer_decode_flops'])}")
     print(f"  tokens per scale        {out['tokens_per_scale']}  (L = {out['total_tokens']})")
+    return 0
+
+
+def _info_hart(args, card) -> int:
+    from bench.accounting import hart_info
+    out = hart_info(card)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{out['model']}: depth {out['depth']}, width {out['width']}, {out['image_size']}px "
+          f"(config: {out['config_source']})")
+    print(f"  transformer parameters  {out['params']:,}  (residual diffusion head {out['diffusion_head_params']:,})")
+    print(f"  tokenizer parameters    {out['tokenizer_params']:,}")
+    tp = out["text_encoder_params"]
+    print(f"  text model parameters   {tp:,}  ({out['text_encoder']})" if tp is not None else
+          "  text model parameters   (install transformers: pip install 'varbench[t2i]')")
+    print(f"  FLOPs / image (CFG)     {_human(out['flops'])}  ({out['flops']:,}), context of {out['text_tokens']} tokens")
+    print(f"  tokenizer decode FLOPs  {_human(out['tokenizer_decode_flops'])}")
+    print(f"  tokens per scale        {out['tokens_per_scale']}  (L = {out['total_tokens']})")
+    return 0
+
+
+_INFO_BY_KIND = {"t2i": _info_t2i, "hart": _info_hart}
+
+
+def _cmd_sample(args) -> int:
+    """Images for prompts, saved as one grid (prompts under the images) and optionally one PNG each."""
+    from bench.registry import MODELS
+    card = MODELS.get(args.model)
+    if getattr(card, "kind", "c2i") != "t2i":
+        print(f"varbench: error: `varbench sample` takes a text-to-image model with its text encoder "
+              f"(tiny-t2i, infinity-2b); {card.name} is not one", file=sys.stderr)
+        return 2
+    if args.n < 1 or args.n > 64:
+        print(f"varbench: error: --n {args.n} is out of range [1, 64]", file=sys.stderr)
+        return 2
+    from bench.defaults import check_sampling
+    sampling = dict(card.sampling)
+    sampling.update(check_sampling({k: v for k, v in (("cfg", args.cfg), ("tau", args.tau), ("top_k", args.top_k),
+                                                      ("top_p", args.top_p)) if v is not None}))
+    if card.text_cfg is not None:   # tiny: check the words before loading anything
+        from bench.models.text import WordTokenizer
+        WordTokenizer(card.text_cfg.vocab, card.text_cfg.max_len)(args.prompt)
+    from bench.image_grid import save_grid
+    world = card.world
+    gen = card(args.ckpt_dir, device=_device(args, world)).eval()
+    prompts = [p for p in args.prompt for _ in range(args.n)]
+    imgs = gen.generate(prompts, seed=args.seed, **sampling)
+    save_grid(imgs, prompts, args.out, cols=args.n)
+    print(f"wrote {args.out}: {len(prompts)} image(s) of {card.name}, seed {args.seed}, "
+          + ", ".join(f"{k} {v}" for k, v in sampling.items()))
     return 0
 
 
@@ -386,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "(structural methods only: no weights are loaded)")
     sp.add_argument("--json", action="store_true", help="print one JSON object: model, params, tokenizer_params, "
                     "flops, flops_no_cfg, tokens_per_scale, ...")
+    sp.add_argument("--text-tokens", type=int, default=None, metavar="T",
+                    help="Infinity-class models: prompt length in text-encoder tokens for the FLOP count "
+                         "(default 32, or the model's longest prompt if shorter)")
     sp.set_defaults(func=_cmd_info)
 
     def results(sp):
@@ -411,6 +472,22 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--device", default=None, help="torch device for runs, e.g. cpu, cuda, cuda:1 (default: cuda "
                         "in the paper world when available, else cpu; the tiny world's shipped numbers are CPU runs)")
         sampling_flags(sp)
+
+    sp = sub.add_parser("sample", help="images for prompts from a text-to-image model, as a grid with the prompts",
+                        description="Sample a text-to-image model (same seed, same images) and save a PNG grid: "
+                                    "one row per prompt, --n samples each, the prompt under every image.")
+    sp.add_argument("model", help="tiny-t2i, or infinity-2b with its checkpoints and text encoder")
+    sp.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
+    sp.add_argument("--out", required=True, help="output PNG (the grid)")
+    sp.add_argument("--n", type=int, default=4, help="samples per prompt (1–64, default 4)")
+    sp.add_argument("--seed", type=_seed, default=0, help="sampling seed (one generator for the batch)")
+    sp.add_argument("--cfg", type=float, default=None, help="guidance (constant across scales); default: the model's")
+    sp.add_argument("--tau", type=float, default=None, help="temperature; default: the model's")
+    sp.add_argument("--top-k", type=int, default=None, help="top-k per bit (2 classes: ≥ 2 is a no-op)")
+    sp.add_argument("--top-p", type=float, default=None, help="top-p per bit")
+    sp.add_argument("--ckpt-dir", default=None, help="checkpoint folder (paper world)")
+    sp.add_argument("--device", default=None, help="cpu or cuda (default: cuda for the paper world when present)")
+    sp.set_defaults(func=_cmd_sample)
 
     sp = sub.add_parser("run", help="one run: model + method chain + bench -> one JSON record",
                         description="Apply a method chain to a model, sample the bench's images, score them and "

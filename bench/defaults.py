@@ -19,6 +19,10 @@ TINY_SAMPLING = {"cfg": 2.0, "top_k": 50, "top_p": 0.9, "more_smooth": False}
 # (top-k 900 — a no-op for two classes per bit — and top-p 0.97). Guidance is constant across scales.
 INFINITY_SAMPLING = {"cfg": 4.0, "tau": 0.5, "top_k": 900, "top_p": 0.97}
 
+# HART (mit-han-lab/hart sample.py): cfg 4.5 (VAR-style ramp), more_smooth on, top-p off; top-k is fixed by
+# the model (600 below scale 7, 300 from it). HART's issue #14 advises more_smooth=False for FID.
+HART_SAMPLING = {"cfg": 4.5, "top_p": 0.0, "more_smooth": True}
+
 # tiny-t2i: chosen on the quality bars after training (bench/recipes/tiny_t2i.py records them).
 TINY_T2I_SAMPLING = {"cfg": 3.0, "tau": 1.0, "top_k": 0, "top_p": 0.97}
 

@@ -7,7 +7,7 @@ REPO = Path(__file__).resolve().parent.parent
 # module prefix -> layer (higher may import lower). Leaves (facts any layer may read) are layer 0.
 LAYERS = {
     "bench.defaults": 0, "bench.tiny": 0, "bench.io": 0, "bench.resources": 0, "bench.spec": 0,
-    "bench.registry": 0, "bench.checkpoint": 0, "bench.models.configs": 0,
+    "bench.registry": 0, "bench.checkpoint": 0, "bench.models.configs": 0, "bench.models.hart_config": 0,
     "bench.metrics.catalog": 0,
     "bench.models": 1, "bench.accounting": 1, "bench.prune": 1,
     "bench.calib": 2, "bench.obs": 2, "bench.importance": 2, "bench.distill": 2,
@@ -16,11 +16,13 @@ LAYERS = {
     "bench.benches": 4,
     "bench.records": 5, "bench.plan": 5, "bench.method": 5, "methods": 5,
     "bench.runner": 6, "bench.render": 6, "bench.latency": 6, "bench.coreml": 6, "bench.figures": 6,
+    "bench.image_grid": 6,
     "bench.recipes": 7, "bench.cli": 7, "bench.__main__": 7,
 }
 # the renderer and the record/plan layer read YAML and JSON only: they may not reach torch code
 TORCH_FREE = ("bench", "bench.checkpoint", "bench.render", "bench.figures", "bench.records", "bench.plan", "bench.spec", "bench.registry", "bench.io",
               "bench.resources", "bench.defaults", "bench.models.cards", "bench.models.configs",
+              "bench.models.hart_config", "bench.image_grid",
               "bench.metrics.catalog", "bench.benches", "bench.tiny")
 
 

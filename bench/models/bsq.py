@@ -271,8 +271,8 @@ class BSQVAE(nn.Module):
                         k = f"{head}.{level}.{leaf}"
                         break
             out[k] = v
-        for k in ("quantizer.lfq.mask", "quantize.lfq.mask"):
-            out.setdefault(k, self.lfq.mask.clone())
+        for k in ("quantizer.lfq.mask", "quantize.lfq.mask"):   # a constant: made here (the model may be on meta)
+            out.setdefault(k, 2 ** torch.arange(self.d - 1, -1, -1))
         return out
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):

@@ -160,3 +160,67 @@ def _tiny_t2i() -> T2ICard:
 
 MODELS.register("infinity-2b", _infinity_2b())
 MODELS.register("tiny-t2i", _tiny_t2i())
+
+
+# ---------------------------------------------------------------- HART (hybrid tokenizer + residual diffusion)
+HART_SOURCE = "https://huggingface.co/mit-han-lab/hart-0.7b-1024px"
+
+
+@dataclass(frozen=True)
+class HARTCard:
+    """HART-0.7B: an official checkpoint folder (``llm/`` + ``tokenizer/``, each with ``config.json``),
+    its architecture read from those files. Without the folder, a documented best-guess config serves
+    weight-free accounting only (``bench.models.hart_config.HARTConfig.hart_0_7b``)."""
+    name: str
+    folder_name: str = "hart-0.7b-1024px"
+    text_model: str = "Qwen2-VL-1.5B-Instruct"
+    world: str = "paper"
+    sampling: dict = field(default_factory=lambda: dict(defaults.HART_SAMPLING))
+
+    kind = "hart"
+
+    def folder(self, ckpt_dir_: Optional[str | os.PathLike] = None) -> Path:
+        return ckpt_dir(ckpt_dir_) / self.folder_name
+
+    def config(self, ckpt_dir_: Optional[str | os.PathLike] = None):
+        """The checkpoint folder's config when it is there, else the documented guess."""
+        from bench.models.hart_config import HARTConfig
+        folder = self.folder(ckpt_dir_)
+        return HARTConfig.from_pretrained_dir(folder) if (folder / "llm" / "config.json").is_file() else HARTConfig.hart_0_7b()
+
+    @property
+    def image_size(self) -> int:
+        from bench.models.hart_config import HARTConfig
+        return HARTConfig.hart_0_7b().image_size
+
+    def build(self, device="cpu", cfg=None):
+        """Transformer with its tokenizer attached, randomly initialised (``device='meta'``: accounting)."""
+        from bench.models.hart import HART
+        from bench.models.hart_vae import HARTTokenizer
+        cfg = cfg or self.config()
+        with torch_device(device):
+            return HART(cfg, HARTTokenizer(cfg.tokenizer))
+
+    def __call__(self, ckpt_dir=None, device="cpu"):
+        from bench.models.hart import load_hart
+        folder = self.folder(ckpt_dir)
+        if not (folder / "llm" / "config.json").is_file():
+            raise FileNotFoundError(
+                f"HART checkpoint folder not found: {folder} needs llm/ (config.json, weights) and tokenizer/ "
+                f"(config.json, weights) from {HART_SOURCE}. Put it there (or point --ckpt-dir / "
+                f"VARBENCH_CKPT_DIR at its parent); varbench never downloads at run time.")
+        return load_hart(folder, device=device)
+
+    def text_encoder(self, ckpt_dir_=None, device="cpu"):
+        """HART's Qwen2 prompt encoder from ``<ckpt dir>/<text_model>`` (``transformers``, optional extra):
+        ``feats, mask = enc.encode(prompts)``, then ``model.generate(feats, mask, seed)``."""
+        from bench.models.text import QwenTextEncoder
+        return QwenTextEncoder(ckpt_dir(ckpt_dir_) / self.text_model, device=device)
+
+
+def torch_device(device):
+    import torch
+    return torch.device(device)
+
+
+MODELS.register("hart-0.7b", HARTCard(name="hart-0.7b"))

@@ -128,3 +128,68 @@ def t5_encoder_params(config: dict = FLAN_T5_XL) -> Optional[int]:
     with torch.device("meta"):
         model = transformers.T5EncoderModel(transformers.T5Config(**config))
     return sum(p.numel() for p in model.parameters())
+
+
+# HART's text model is mit-han-lab/Qwen2-VL-1.5B-Instruct (its config is not available offline; the HART
+# paper calls it Qwen2-1.5B): Qwen2-1.5B's published config, for weight-free accounting only.
+QWEN2_1_5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                  num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
+
+
+def qwen2_params(config: dict = QWEN2_1_5B) -> Optional[int]:
+    """Parameters of a Qwen2 decoder (no LM head) built on the meta device; None without transformers."""
+    try:
+        transformers = _require_transformers("counting the text model's parameters")
+    except RuntimeError:
+        return None
+    with torch.device("meta"):
+        model = transformers.Qwen2Model(transformers.Qwen2Config(**config))
+    return sum(p.numel() for p in model.parameters())
+
+
+# mit-han-lab/hart ``hart/utils/constants.py::llm_system_prompt``: prepended to every prompt when
+# ``use_llm_system_prompt`` (the default of its sample.py), its hidden states then cut off.
+HART_SYSTEM_PROMPT = (
+    'Given a user prompt, generate an "Enhanced prompt" that provides detailed visual descriptions suitable '
+    'for image generation.\n\nExamples:\n- User Prompt: A cat sleeping -> A small, fluffy white cat curled up in a '
+    'round shape, sleeping peacefully on a warm sunny windowsill, surrounded by pots of blooming red flowers.\n'
+    '- User Prompt: A busy city street -> A bustling city street scene at dusk, featuring glowing street lamps, a '
+    'diverse crowd of people in colorful clothing, and a double-decker bus passing by towering glass skyscrapers.\n\n'
+    'Please generate only the enhanced description for the prompt below and DO NOT include any additional '
+    'sentences. Start your response with "Enhanced Prompt:".\n\nUser Prompt:\n')
+QWEN_SOURCE = "https://huggingface.co/mit-han-lab/Qwen2-VL-1.5B-Instruct"
+
+
+class QwenTextEncoder(TextEncoder):
+    """HART's prompt encoder (official ``hart/utils/tools.py::encode_prompts``): every prompt padded to
+    ``max_length`` (300) tokens, mask = token ≠ pad, the system prompt prepended (all ones in the mask),
+    the last hidden states of the prompt's positions. Returns (features, mask) for ``HART.generate``."""
+
+    def __init__(self, folder: str | os.PathLike, device="cpu", max_length: int = 300, system_prompt: bool = True):
+        super().__init__()
+        folder = Path(folder)
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(
+                f"HART text model not found: {folder} has no config.json. Put a copy of {QWEN_SOURCE} "
+                f"(config, weights, tokenizer files) there; varbench never downloads at run time.")
+        transformers = _require_transformers("HART's Qwen2 text model")
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+        self.model = transformers.AutoModel.from_pretrained(str(folder)).to(device).eval().requires_grad_(False)
+        self.max_length, self.system_prompt = max_length, system_prompt
+
+    def _ids(self, texts, padding):
+        return [self.tokenizer(t, return_tensors="pt", padding=padding, max_length=self.max_length,
+                               truncation=True).input_ids[0] for t in texts]
+
+    @torch.no_grad()
+    def encode(self, prompts: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+        dev = next(self.model.parameters()).device
+        ids = torch.stack(self._ids(list(prompts), "max_length")).to(dev)
+        mask = ids != self.tokenizer.pad_token_id
+        if not self.system_prompt:
+            h = self.model(ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+            return h.float(), mask
+        sys_ids = self._ids([HART_SYSTEM_PROMPT], "longest")[0].to(dev).unsqueeze(0).repeat(ids.shape[0], 1)
+        full_mask = torch.cat((torch.ones_like(mask)[:, :sys_ids.shape[1]], mask), dim=1)
+        h = self.model(torch.cat((sys_ids, ids), dim=1), attention_mask=full_mask, output_hidden_states=True)
+        return h.hidden_states[-1][:, sys_ids.shape[1]:].float(), mask
