@@ -80,8 +80,15 @@ def test_bit_pyramid_and_reconstruction(golden):
     for k, b in enumerate(bits):
         assert torch.equal(b, t[f"official.bits.{k}"]), f"bits differ at scale {k}"
     x = torch.cat(var_inputs, 1)
-    assert (x - t["official.var_input"]).abs().max() < LATENT_ATOL
-    assert (g.vae.bits_to_var_input(bits, sched) - t["official.var_input"]).abs().max() < LATENT_ATOL
+    assert (x - t["official.var_input"]).abs().max() < LATENT_ATOL          # the quantiser's (area) inputs
+    # the trainer's inputs (trilinear, as the sampler's), from the bits and by requantising raw features
+    assert (g.vae.bits_to_var_input(bits, sched) - t["official.trainer_input"]).abs().max() < LATENT_ATOL
+    raw = g.vae.encoder(t["input.img"])
+    assert (raw - t["official.raw"]).abs().max() < LATENT_ATOL
+    labels, x_train = g.vae.requantize(raw, sched)
+    assert (x_train - t["official.trainer_input"]).abs().max() < LATENT_ATOL
+    for k, b in enumerate(labels):
+        assert torch.equal(b, t[f"official.trainer_bits.{k}"].reshape(b.shape[0], -1, b.shape[-1])), k
     assert (g.vae.decode(z) - t["official.recon"]).abs().max() < IMAGE_ATOL
     assert (g.vae.decode(g.vae.bits_to_latent(bits, sched)) - t["official.recon"]).abs().max() < IMAGE_ATOL
 

@@ -12,8 +12,10 @@ file (``infinity_vae_d32reg.pth``) is a dict whose ``"vae"`` entry is read lenie
 BSQ (Infinity paper §3.1): at every scale the residual is area-downsampled, each position's d-vector
 is L2-normalised and replaced by its sign pattern scaled to the unit sphere (codes ±1/√d: one bit per
 channel, a 2^d implicit codebook), trilinearly upsampled back to the full latent grid and subtracted.
-The transformer's teacher-forcing input for scale k+1 is the running sum area-downsampled to scale k+1
-(training); the sampler resizes with trilinear instead (official inference; ``bench.models.t2i``).
+The transformer's input for scale k+1 is the running sum resized to scale k+1 with trilinear, in the
+official trainer (``bitwise_self_correction.py``) as in the sampler; the quantiser's own
+``var_inputs`` (area, ``MultiScaleBSQ.forward``) are reproduced by :meth:`BSQVAE.quantize` but unused
+by training.
 """
 from __future__ import annotations
 
@@ -239,16 +241,41 @@ class BSQVAE(nn.Module):
         return total.squeeze(2)
 
     def bits_to_var_input(self, bits: Sequence[torch.Tensor], schedule: Sequence[Tuple[int, int]]) -> torch.Tensor:
-        """Teacher-forcing input [B, L − 1, d] from a bit pyramid (area-downsampled running sums)."""
+        """Teacher-forcing input [B, L − 1, d] from a bit pyramid: the running sum of upsampled codes
+        resized to each next scale with **trilinear**, as the official trainer builds it
+        (``bitwise_self_correction.flip_requant``) and the sampler feeds it — not the quantiser's
+        ``area`` ``var_inputs`` (``quantize``), which the official training never uses."""
         H, W = schedule[-1]
         total, xs = None, []
         for si in range(len(schedule) - 1):
             h, w = schedule[si]
-            codes = self.lfq.bits_to_codes(bits[si].reshape(bits[si].shape[0], h, w, self.d))
-            up = _resize(codes, (H, W), "trilinear")
-            total = up.contiguous() if total is None else total + up   # the quantiser's contiguous running sum
-            xs.append(_resize(total, schedule[si + 1], "area").squeeze(2).flatten(2).transpose(1, 2))
+            up = _resize(self.lfq.bits_to_codes(bits[si].reshape(bits[si].shape[0], h, w, self.d)), (H, W), "trilinear")
+            total = up if total is None else total + up
+            xs.append(F.interpolate(total, size=(1, *schedule[si + 1]), mode="trilinear").squeeze(2).flatten(2).transpose(1, 2))
         return torch.cat(xs, dim=1)
+
+    @torch.no_grad()
+    def requantize(self, z_BdHW: torch.Tensor, schedule: Sequence[Tuple[int, int]], flip_p: float = 0.0,
+                   generator: Optional[torch.Generator] = None):
+        """Bitwise self-correction (Infinity §3.3; official ``flip_requant`` with ``noise_apply_requant``):
+        quantise the residual scale by scale; with probability ``flip_p`` each bit is flipped and the
+        *flipped* code enters the running sum, so later scales' labels correct the error. Returns
+        (label bits per scale [B, h·w, d] — the quantiser's bits given the corrupted context —,
+        teacher-forcing input [B, L − 1, d], trilinear as at inference)."""
+        H, W = z_BdHW.shape[-2:]
+        z = z_BdHW.float().unsqueeze(2)
+        total, labels, xs = 0.0, [], []
+        for si, hw in enumerate(schedule):
+            q, b = self.lfq.quantize(_resize(z - total, hw, "area"))
+            labels.append(b)
+            if flip_p > 0:
+                flip = torch.rand(b.shape, generator=generator, device=b.device) < flip_p
+                b = torch.where(flip, 1 - b, b)
+                q = self.lfq.bits_to_codes(b.view(b.shape[0], *hw, self.d))
+            total = total + _resize(q, (H, W), "trilinear")
+            if si != len(schedule) - 1:
+                xs.append(F.interpolate(total, size=(1, *schedule[si + 1]), mode="trilinear").squeeze(2).flatten(2).transpose(1, 2))
+        return labels, torch.cat(xs, dim=1)
 
     def decode(self, z_BdHW: torch.Tensor) -> torch.Tensor:
         """Latent → image in [-1, 1] (clamped, as official)."""

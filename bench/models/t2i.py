@@ -130,15 +130,16 @@ class T2IGenerator(nn.Module):
             return to_uint8_trunc(self.vae.decode(latent))
 
     # ------------------------------------------------------------------ teacher forcing
-    def forward_teacher(self, feats_BTC, mask_BT, bits: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Logits [B, L, 2d] of a bit pyramid (teacher forcing; inputs as the training quantiser makes them)."""
-        x = self.vae.bits_to_var_input(bits, self.schedule)
+    def forward_teacher(self, feats_BTC, mask_BT, bits: Sequence[torch.Tensor], x_BLd=None) -> torch.Tensor:
+        """Logits [B, L, 2d] of a bit pyramid under teacher forcing; the input is made from the bits as
+        the official trainer makes it (``BSQVAE.bits_to_var_input``) unless given (``x_BLd``, e.g. from
+        ``BSQVAE.requantize`` with bitwise self-correction)."""
+        x = self.vae.bits_to_var_input(bits, self.schedule) if x_BLd is None else x_BLd
         return self.infinity(feats_BTC, mask_BT, x, self.schedule)
 
-    def loss(self, feats_BTC, mask_BT, bits: Sequence[torch.Tensor]) -> torch.Tensor:
+    def loss(self, feats_BTC, mask_BT, bits: Sequence[torch.Tensor], x_BLd=None) -> torch.Tensor:
         """Mean bitwise cross-entropy over all scales and bits (Infinity's bit-label loss)."""
-        logits = self.forward_teacher(feats_BTC, mask_BT, bits)
-        B, L, V = logits.shape
+        logits = self.forward_teacher(feats_BTC, mask_BT, bits, x_BLd)
         return F.cross_entropy(logits.reshape(-1, 2), torch.cat(bits, dim=1).reshape(-1))
 
 

@@ -10,10 +10,12 @@ with manifest entries (sha256, recipe, seed, thread count, SIMD level, curves, q
    official code computes it as zero with ``new_quant``).
 2. ``tiny_t2i.safetensors`` + ``tiny_t2i_text.safetensors`` — the transformer and the text encoder,
    trained jointly as Infinity is: bitwise cross-entropy of every scale's bits under teacher forcing
-   with the block-causal mask (inputs made by the training quantiser), prompt dropout 0.1 to the
-   learned null prompt for CFG, AdamW, linear warm-up then cosine decay. Deviation: no bitwise
-   self-correction (Infinity's BSC flips input bits during training), and the weights are stored as
-   fp16 (the quality figures are measured on the stored weights).
+   with the block-causal mask, inputs resized with trilinear as the official trainer and the sampler
+   do, bitwise self-correction as ``scripts/train.sh`` (``noise_apply_layers`` = every scale,
+   strength 0.3: per batch a flip probability drawn from {0, 0.01, …, 0.30}, flipped bits requantised,
+   labels from the corrupted context), prompt dropout 0.1 to the learned null prompt for CFG, AdamW,
+   linear warm-up then cosine decay. Deviation: the weights are stored as fp16 (the quality figures
+   are measured on the stored weights).
 3. ``eval`` — the quality bars, measured with the exact scene detector (``bench.data.scenes_detect``)
    on held-out prompts of the ``eval`` split's grammar: single-object shape+colour, two-object both
    present, counting exact (2–4), position; written into the manifest with the sampling settings.
@@ -37,15 +39,24 @@ from bench.models.bsq import BSQVAE
 from bench.models.infinity import Infinity
 from bench.models.t2i import T2IGenerator
 from bench.models.text import TinyTextEncoder
-from bench.recipes.tiny import _lr, _numerics, pinned_threads, psnr, write_manifest
+from bench.recipes.tiny import _lr, pinned_threads, psnr, write_manifest
+from bench.recipes.tiny import _numerics as _cpu_numerics
 from bench.tiny import configs
 
 BSQ_RECIPE = dict(seed=0, steps=2000, batch=16, lr=2e-3, warmup=100, pool=16384, l1=0.5, threads=2)
-T2I_RECIPE = dict(seed=0, steps=4000, batch=48, lr=1.5e-3, wd=0.05, warmup=200, pool=40960, threads=2)
+T2I_RECIPE = dict(seed=0, steps=4000, batch=48, lr=1.5e-3, wd=0.05, warmup=200, pool=40960, bsc_strength=0.3,
+                  threads=2)
 EVAL = dict(per_task=100, seed=0, threads=2)
 BARS = {"single_object": 0.90, "two_object": 0.60, "counting": 0.40, "position": 0.40}
 FILES = {"bsq": "tiny_bsq.safetensors", "t2i": "tiny_t2i.safetensors", "text": "tiny_t2i_text.safetensors"}
 STAGES = ("bsq", "t2i", "eval")
+
+
+def _numerics(threads: int) -> dict:
+    """Thread count, SIMD level, the device the stage trained on (this recipe: the CPU) and the code's
+    commit (the manifest's top-level commit is that of its last writer)."""
+    from bench.io import git_commit
+    return {**_cpu_numerics(threads), "device": "cpu", "git_commit": git_commit()}
 
 
 def to_pm1(img_uint8: torch.Tensor) -> torch.Tensor:
@@ -90,14 +101,12 @@ def bsq_psnr(vae: BSQVAE, imgs_uint8: torch.Tensor, batch: int = 128) -> float:
 
 # ------------------------------------------------------------------ 2. transformer + text encoder
 @torch.no_grad()
-def bit_pyramids(vae: BSQVAE, imgs_uint8: torch.Tensor, batch: int = 256, progress: bool = True) -> List[torch.Tensor]:
-    """The training set's bits per scale (int8 [N, h·w, d]), computed once."""
-    out = [[] for _ in configs.T2I_SCHEDULE]
-    for i in tqdm(range(0, len(imgs_uint8), batch), desc="tokenise scenes", disable=not progress):
-        _, bits, _ = vae.encode(to_pm1(imgs_uint8[i:i + batch]), configs.T2I_SCHEDULE)
-        for k, b in enumerate(bits):
-            out[k].append(b.to(torch.int8))
-    return [torch.cat(o) for o in out]
+def latents(vae: BSQVAE, imgs_uint8: torch.Tensor, batch: int = 256, progress: bool = True) -> torch.Tensor:
+    """The training set's encoder outputs [N, d, h, w] (fp32), computed once; bits are requantised per
+    batch (bitwise self-correction draws new flips every step)."""
+    out = [vae.encoder(to_pm1(imgs_uint8[i:i + batch])).float()
+           for i in tqdm(range(0, len(imgs_uint8), batch), desc="encode scenes", disable=not progress)]
+    return torch.cat(out)
 
 
 def init_t2i_weights(inf: Infinity, gamma: float = 0.1, head: float = 0.02) -> None:
@@ -122,7 +131,7 @@ def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, sna
     torch.manual_seed(recipe["seed"])
     imgs, prompts, *_ = scenes.generate(recipe["pool"], "train")
     ids, mask = scenes.tokenize(prompts, configs.T2I_MAX_WORDS)
-    bits = bit_pyramids(vae, imgs, progress=progress)
+    z = latents(vae, imgs, progress=progress)
     del imgs
     inf, text = Infinity(configs.TINY_T2I), TinyTextEncoder(configs.TINY_TEXT)
     init_t2i_weights(inf)
@@ -140,8 +149,9 @@ def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, sna
         for pg in opt.param_groups:
             pg["lr"] = _lr(step, recipe["steps"], recipe["lr"], recipe["warmup"])
         idx = torch.randint(len(ids), (recipe["batch"],), generator=g)
-        feats = text(ids[idx], mask[idx])
-        loss = gen.loss(feats, mask[idx], [b[idx].long() for b in bits])
+        flip_p = int(torch.randint(0, round(100 * recipe["bsc_strength"]) + 1, (1,), generator=g)) * 0.01
+        labels, x = vae.requantize(z[idx], configs.T2I_SCHEDULE, flip_p, g)
+        loss = gen.loss(text(ids[idx], mask[idx]), mask[idx], labels, x)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for _, p in params], 2.0)
