@@ -1,20 +1,20 @@
 """The shipped tiny world is pinned by its manifest: every listed checkpoint is present with the
-recorded size and sha256, was trained by the recipes in ``bench/recipes/tiny.py`` and
-``bench/recipes/tiny_t2i.py`` (thread count included) and meets the quality bars of
-``bench/recipes/tiny_quality.py`` and ``tiny_t2i.BARS``; the whole folder stays within 30 MB."""
+recorded size and sha256, was trained by the recipes in ``bench/recipes/tiny.py`` (thread count
+included) and meets the quality bars of ``bench/recipes/tiny_quality.py``; the folder stays within
+30 MB of checkpoints. (tiny-t2i is not shipped yet: its recipe, ``bench/recipes/tiny_t2i.py``, has not
+reached its quality bars.)"""
 import json
 
 import pytest
 
 from bench.checkpoint import sha256
 from bench.data import tinyshapes
-from bench.recipes import tiny, tiny_quality, tiny_t2i
+from bench.recipes import tiny, tiny_quality
 from bench.tiny.assets import ASSETS
 
 BARS = tiny_quality.BARS
-MODELS = ("tiny-vqvae", "feature-cnn", "tiny-var", "tiny-bsq", "tiny-t2i", "tiny-t2i-text")
-RECIPES = {"tiny-vqvae": tiny.VAE_RECIPE, "feature-cnn": tiny.CNN_RECIPE, "tiny-var": tiny.VAR_RECIPE,
-           "tiny-bsq": tiny_t2i.BSQ_RECIPE, "tiny-t2i": tiny_t2i.T2I_RECIPE, "tiny-t2i-text": tiny_t2i.T2I_RECIPE}
+MODELS = ("tiny-vqvae", "feature-cnn", "tiny-var")
+RECIPES = {"tiny-vqvae": tiny.VAE_RECIPE, "feature-cnn": tiny.CNN_RECIPE, "tiny-var": tiny.VAR_RECIPE}
 BUDGET_BYTES = 30 * 2 ** 20
 
 
@@ -66,15 +66,6 @@ def test_quality_bars(manifest):
         assert q[key] >= BARS[key], f"tiny-var {key} {q[key]} is below the bar {BARS[key]}"
         assert q["bars"][key] >= BARS[key], f"tiny-var {key} was checked against a laxer bar"
     assert q["n"] >= 50 * tinyshapes.NUM_CLASSES, "tiny-var quality was measured on fewer samples than the protocol"
-
-
-def test_tiny_t2i_quality_bars(manifest):
-    q = manifest["models"]["tiny-t2i"]["quality"]
-    for task, bar in tiny_t2i.BARS.items():
-        assert q[task] >= bar, f"tiny-t2i {task} {q[task]} is below the bar {bar}"
-        assert q["bars"][task] >= bar, f"tiny-t2i {task} was checked against a laxer bar"
-    assert q["per_task"] >= tiny_t2i.EVAL["per_task"]
-    assert manifest["models"]["tiny-bsq"]["quality"]["val_psnr_db"] >= 28.0
 
 
 def test_tiny_world_fits_its_budget():
