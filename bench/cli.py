@@ -86,7 +86,8 @@ def _info_t2i(args, card) -> int:
         print(json.dumps(out))
         return 0
     by_op = out["flops_by_op"]
-    attn = sum(v for k, v in by_op.items() if "attention" in k)
+    # attention runs as batched matrix products (SDPA's math on the meta device); linears are addmm/mm
+    attn = sum(v for k, v in by_op.items() if "attention" in k or k == "bmm")
     print(f"{out['model']}: depth {out['depth']}, width {out['width']}, {out['image_size']}px, "
           f"{out['bits_per_token']} bits per token, {len(out['tokens_per_scale'])} scales")
     print(f"  transformer parameters  {out['params']:,}")
