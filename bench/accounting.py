@@ -93,7 +93,8 @@ def t2i_sampling_flops(gen, text_tokens: int = TEXT_TOKENS, cfg: Optional[float]
     mask = torch.ones(1, text_tokens, dtype=torch.bool, device="meta")
     fc = FlopCounterMode(display=False)
     with fc:
-        g.sample_bits(feats, mask, seed=None, cfg=1.0 if cfg is None else cfg, tau=1.0, top_k=0, top_p=0.0)
+        g.sample_bits(feats, mask, seed=None, cfg=1.0 if cfg is None else cfg, tau=1.0, top_k=0, top_p=0.0,
+                      cache_text_kv=False)   # the official loop (text K/V per scale), as the papers count
     if by_op:
         counts = fc.get_flop_counts().get("Global", {})
         return {str(op).split(".")[1] if "." in str(op) else str(op): int(n) for op, n in counts.items()}

@@ -119,6 +119,20 @@ def load_strict(model: torch.nn.Module, sd: Mapping[str, torch.Tensor], what: st
     return model
 
 
+def load_built(build, sd: Mapping[str, "torch.Tensor"], what: str, device="cpu", requires_grad: bool = False):
+    """``build()`` on the meta device (no memory), ``sd`` loaded strictly into it — after the model's
+    own ``adapt_state_dict`` if it has one (official lenient loaders' key fixes) — with floating
+    tensors upcast to fp32 (the tiny world stores fp16), moved to ``device`` in eval mode."""
+    import torch
+    with torch.device("meta"):
+        model = build()
+    if hasattr(model, "adapt_state_dict"):
+        sd = model.adapt_state_dict(sd)   # outside the meta context: constants it adds are real
+    sd = {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
+    load_strict(model, sd, what, assign=True)
+    return model.to(device).eval().requires_grad_(requires_grad)
+
+
 _SHA_CACHE: Dict[Tuple[str, int, int], str] = {}
 
 

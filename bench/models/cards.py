@@ -195,10 +195,12 @@ class HARTCard:
 
     def build(self, device="cpu", cfg=None):
         """Transformer with its tokenizer attached, randomly initialised (``device='meta'``: accounting)."""
+        import torch
+
         from bench.models.hart import HART
         from bench.models.hart_vae import HARTTokenizer
         cfg = cfg or self.config()
-        with torch_device(device):
+        with torch.device(device):
             return HART(cfg, HARTTokenizer(cfg.tokenizer))
 
     def __call__(self, ckpt_dir=None, device="cpu"):
@@ -216,11 +218,6 @@ class HARTCard:
         ``feats, mask = enc.encode(prompts)``, then ``model.generate(feats, mask, seed)``."""
         from bench.models.text import QwenTextEncoder
         return QwenTextEncoder(ckpt_dir(ckpt_dir_) / self.text_model, device=device)
-
-
-def torch_device(device):
-    import torch
-    return torch.device(device)
 
 
 MODELS.register("hart-0.7b", HARTCard(name="hart-0.7b"))

@@ -411,7 +411,7 @@ def load_hart(path, device="cpu", use_ema: bool = True) -> HART:
     """HART with its tokenizer from an official checkpoint folder (``llm/`` and ``tokenizer/``, each
     with ``config.json``), strictly loaded. ``use_ema`` prefers ``llm/ema_model.bin`` as official
     ``sample.py`` (``--use_ema`` defaults to True). File names are UNVERIFIED against the real release."""
-    from bench.checkpoint import load_strict, read_state_dict
+    from bench.checkpoint import load_built, read_state_dict
     from bench.models.hart_vae import load_tokenizer
 
     path = Path(path)
@@ -421,7 +421,4 @@ def load_hart(path, device="cpu", use_ema: bool = True) -> HART:
     weights = _weights_file(llm_dir, names)
     tok = load_tokenizer(_weights_file(llm_dir.parent / "tokenizer", ("model.safetensors", "pytorch_model.bin")),
                          cfg.tokenizer, device)
-    with torch.device("meta"):
-        model = HART(cfg)
-    load_strict(model, read_state_dict(weights), weights.name, assign=True)
-    return model.to(device).eval().requires_grad_(False).attach(tok)
+    return load_built(lambda: HART(cfg), read_state_dict(weights), weights.name, device).attach(tok)

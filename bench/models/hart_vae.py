@@ -155,9 +155,5 @@ class HARTTokenizer(VQVAE):
 
 def load_tokenizer(path, cfg: HARTTokenizerConfig, device="cpu") -> HARTTokenizer:
     """Strictly loaded tokenizer from a weights file (``.safetensors``/``.bin``/``.pth``)."""
-    from bench.checkpoint import load_strict, read_state_dict
-    sd = read_state_dict(path)
-    with torch.device("meta"):
-        tok = HARTTokenizer(cfg)
-    load_strict(tok, tok.adapt_state_dict(sd), Path(path).name, assign=True)
-    return tok.to(device).eval().requires_grad_(False)
+    from bench.checkpoint import load_built, read_state_dict
+    return load_built(lambda: HARTTokenizer(cfg), read_state_dict(path), Path(path).name, device)

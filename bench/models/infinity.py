@@ -110,17 +110,31 @@ class CrossAttention(nn.Module):
         self.v_bias = nn.Parameter(torch.zeros(C))
         self.register_buffer("zero_k_bias", torch.zeros(C))
         self.proj = nn.Linear(C, C)
+        self.cache_text, self._kv = False, None
 
-    def forward(self, q_BLC: Optional[torch.Tensor], kv_BTC: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    def text_kv(self, kv_BTC: torch.Tensor, mask_BT: torch.Tensor):
+        """Keys and values of the text. While sampling (``cache_text``) they are computed once per
+        generation: the text is the same at every scale (official recomputes them; same values)."""
+        if self.cache_text and self._kv is not None and self._kv[0] is kv_BTC:
+            return self._kv[1]
         B, T, _ = kv_BTC.shape
         kv = packed(lambda x: F.linear(x, self.mat_kv.weight, torch.cat((self.zero_k_bias, self.v_bias))), kv_BTC, mask_BT)
         k_BHTc, v_BHTc = kv.view(B, T, 2, self.H, self.c).permute(2, 0, 3, 1, 4).unbind(0)
+        if self.bf16:
+            k_BHTc, v_BHTc = _bf16(k_BHTc), _bf16(v_BHTc)
+        if self.cache_text:
+            self._kv = (kv_BTC, (k_BHTc, v_BHTc))
+        return k_BHTc, v_BHTc
+
+    def forward(self, q_BLC: Optional[torch.Tensor], kv_BTC: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+        B = kv_BTC.shape[0]
+        k_BHTc, v_BHTc = self.text_kv(kv_BTC, mask_BT)
         if isinstance(self.mat_q, nn.Parameter):   # attention pool: one query
             q_BHLc = self.mat_q.expand(B, -1, -1).unsqueeze(2)
         else:
             q_BHLc = self.mat_q(q_BLC).view(B, q_BLC.shape[1], self.H, self.c).transpose(1, 2)
-        if self.bf16:   # official: flash-attn on bf16 copies of q, k, v, bf16 output
-            q_BHLc, k_BHTc, v_BHTc = _bf16(q_BHLc), _bf16(k_BHTc), _bf16(v_BHTc)
+        if self.bf16:   # official: flash-attn on bf16 copies of q, k, v (k, v above), bf16 output
+            q_BHLc = _bf16(q_BHLc)
         o = F.scaled_dot_product_attention(q_BHLc, k_BHTc, v_BHTc, attn_mask=mask_BT[:, None, None, :],
                                            scale=1 / math.sqrt(self.c))
         if self.bf16:
@@ -246,9 +260,12 @@ class Infinity(nn.Module):
     def get_logits(self, x_BLC, cond_BD) -> torch.Tensor:
         return self.head(self.head_nm(x_BLC.float(), cond_BD.float()))
 
-    def kv_caching(self, enable: bool, max_len: int = 0) -> None:
+    def kv_caching(self, enable: bool, max_len: int = 0, text: bool = True) -> None:
+        """Self-attention KV cache (``max_len``: one preallocated buffer) and, with ``text``, the
+        cross-attention's text keys/values computed once per generation."""
         for b in self.block_list:
             b.sa.kv_caching(enable, max_len)
+            b.ca.cache_text, b.ca._kv = enable and text, None
 
     # --------------------------------------------------------------- teacher forcing
     def forward(self, feats_BTC: torch.Tensor, mask_BT: torch.Tensor, x_BLd_wo_first: torch.Tensor,

@@ -68,10 +68,12 @@ class T2IGenerator(nn.Module):
                     cfg: float = INFINITY_SAMPLING["cfg"], tau: float = INFINITY_SAMPLING["tau"],
                     top_k: int = INFINITY_SAMPLING["top_k"], top_p: float = INFINITY_SAMPLING["top_p"],
                     schedule: Optional[Sequence[Tuple[int, int]]] = None, rope_grid: Optional[Tuple[int, int]] = None,
-                    logits_hook: Optional[Callable[[int, torch.Tensor], None]] = None):
+                    logits_hook: Optional[Callable[[int, torch.Tensor], None]] = None, cache_text_kv: bool = True):
         """(bits per scale [B, h·w, d] int64, the summed latent [B, d, H, W]). ``cfg == 1`` runs the
         conditional batch alone (official); ``logits_hook(si, logits)`` sees the raw logits (after τ,
-        before guidance; [cond; uncond] when guided)."""
+        before guidance; [cond; uncond] when guided). ``cache_text_kv=False`` recomputes the text's
+        cross-attention keys/values at every scale as the official loop does (same values; FLOP
+        accounting counts that loop)."""
         inf, vae = self.infinity, self.vae
         schedule = tuple(tuple(s) for s in (schedule or self.schedule))
         rope_grid = tuple(rope_grid or inf.cfg.rope_grid)
@@ -93,7 +95,7 @@ class T2IGenerator(nn.Module):
         summed = None   # official ``summed_codes = 0; summed_codes += …``: the first sum keeps its layout
         policy, bits, cur = self.token_policy, [], 0
         policy.begin(B, schedule)
-        inf.kv_caching(True, max_len=sum(h * w for h, w in schedule))
+        inf.kv_caching(True, max_len=sum(h * w for h, w in schedule), text=cache_text_kv)
         try:
             for si, (h, w) in enumerate(schedule):
                 l = h * w

@@ -90,17 +90,19 @@ def _require_transformers(what: str):
     return transformers
 
 
+def _require_folder(folder: Path, what: str, source: str) -> None:
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{what} not found: {folder} has no config.json. Put a copy of {source} (config, "
+                                f"weights, tokenizer files) in {folder}; varbench never downloads at run time.")
+
+
 class T5TextEncoder(TextEncoder):
     """Flan-T5-XL's encoder from a local folder (``config.json``, weights, tokenizer files)."""
 
     def __init__(self, folder: str | os.PathLike, device="cpu", dtype: Optional[torch.dtype] = None, max_length: int = 512):
         super().__init__()
         folder = Path(folder)
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(
-                f"text encoder not found: {folder} has no config.json. Put a copy of google/flan-t5-xl "
-                f"({T5_SOURCE}: config.json, the weights and the tokenizer files) in {folder}; "
-                f"varbench never downloads at run time.")
+        _require_folder(folder, "text encoder (google/flan-t5-xl)", T5_SOURCE)
         transformers = _require_transformers("the Flan-T5 text encoder")
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), legacy=True)
         dtype = dtype or (torch.float16 if torch.device(device).type == "cuda" else torch.float32)
@@ -168,10 +170,7 @@ class QwenTextEncoder(TextEncoder):
     def __init__(self, folder: str | os.PathLike, device="cpu", max_length: int = 300, system_prompt: bool = True):
         super().__init__()
         folder = Path(folder)
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(
-                f"HART text model not found: {folder} has no config.json. Put a copy of {QWEN_SOURCE} "
-                f"(config, weights, tokenizer files) there; varbench never downloads at run time.")
+        _require_folder(folder, "HART text model (Qwen2-VL-1.5B-Instruct)", QWEN_SOURCE)
         transformers = _require_transformers("HART's Qwen2 text model")
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
         self.model = transformers.AutoModel.from_pretrained(str(folder)).to(device).eval().requires_grad_(False)

@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from bench.checkpoint import load_strict, read_state_dict
+from bench.checkpoint import load_built, read_state_dict
 from bench.models.cards import ModelCard
 from bench.models.configs import VARConfig, VQVAEConfig
 from bench.models.generator import Generator
@@ -32,11 +32,7 @@ def load(card: ModelCard, ckpt_dir=None, device="cpu") -> Generator:
 
 
 def load_vae(path, cfg: VQVAEConfig, device="cpu") -> VQVAE:
-    sd = read_state_dict(path)
-    with torch.device("meta"):
-        vae = VQVAE(cfg)
-    load_strict(vae, vae.adapt_state_dict(sd), Path(path).name, assign=True)
-    return vae.to(device).eval().requires_grad_(False)
+    return load_built(lambda: VQVAE(cfg), read_state_dict(path), Path(path).name, device)
 
 
 def load_var(path, cfg: VARConfig, device="cpu") -> VAR:
@@ -47,10 +43,7 @@ def load_var(path, cfg: VARConfig, device="cpu") -> VAR:
         cfg = sizes_in(sd, cfg)
     except KeyError:
         pass  # keys missing: the strict check below lists them all
-    with torch.device("meta"):
-        var = VAR(cfg)
-    load_strict(var, sd, Path(path).name, assign=True)
-    return var.to(device).eval()
+    return load_built(lambda: VAR(cfg), sd, Path(path).name, device, requires_grad=True)
 
 
 def load_generator(var_path, vae_path, card: ModelCard, device="cpu") -> Generator:
@@ -74,21 +67,8 @@ def build_t2i(card, device="cpu", text: bool = True):
 
 def load_bsq(path, cfg, device="cpu"):
     from bench.models.bsq import BSQVAE
-    sd = read_state_dict(path, entry="vae")   # Infinity's VAE file keeps its state_dict under "vae"
-    with torch.device("meta"):
-        vae = BSQVAE(cfg)
-    sd = {k: v.float() if v.is_floating_point() else v for k, v in vae.adapt_state_dict(sd).items()}
-    load_strict(vae, sd, Path(path).name, assign=True)
-    return vae.to(device).eval().requires_grad_(False)
-
-
-def _load_module(module_fn, path, device="cpu"):
-    sd = read_state_dict(path)
-    with torch.device("meta"):
-        m = module_fn()
-    sd = {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}   # tiny files store fp16
-    load_strict(m, sd, Path(path).name, assign=True)
-    return m.to(device).eval().requires_grad_(False)
+    # Infinity's VAE file keeps its state_dict under "vae"
+    return load_built(lambda: BSQVAE(cfg), read_state_dict(path, entry="vae"), Path(path).name, device)
 
 
 def load_t2i(card, ckpt_dir=None, device="cpu"):
@@ -100,14 +80,11 @@ def load_t2i(card, ckpt_dir=None, device="cpu"):
     card.identity(ckpt_dir)
     files = card.files(ckpt_dir)
     vae = load_bsq(files[card.vae_file], card.vae_cfg, device)
-    sd = adapt_state_dict(read_state_dict(files[card.inf_file]))
-    with torch.device("meta"):
-        inf = Infinity(card.inf_cfg)
-    sd = {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
-    load_strict(inf, sd, card.inf_file, assign=True)
-    inf = inf.to(device).eval().requires_grad_(False)
+    inf = load_built(lambda: Infinity(card.inf_cfg), adapt_state_dict(read_state_dict(files[card.inf_file])),
+                     card.inf_file, device)
     if card.text_cfg is not None:
-        text = _load_module(lambda: TinyTextEncoder(card.text_cfg), files[card.text_file], device)
+        text = load_built(lambda: TinyTextEncoder(card.text_cfg), read_state_dict(files[card.text_file]),
+                          card.text_file, device)
     else:
         text = T5TextEncoder(card.folder(ckpt_dir) / card.text_file, device=device)
     return T2IGenerator(inf, vae, text, name=card.name)

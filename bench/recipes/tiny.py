@@ -199,12 +199,15 @@ def init_var_weights(var: VAR, init_adaln: float = 0.5, init_adaln_gamma: float 
                 b.ada_lin[-1].weight[:2 * var.C].mul_(init_adaln_gamma)
 
 
-def save_safetensors(module: torch.nn.Module, path: Path, config: dict) -> None:
-    """Written atomically (``bench.io``): a reader never sees half a file."""
+def save_safetensors(module: torch.nn.Module, path: Path, config: dict, half: bool = False) -> None:
+    """Written atomically (``bench.io``): a reader never sees half a file. ``half``: floating tensors
+    as fp16 (loading upcasts them to the very same fp32 values). Aliased tensors (a module registered
+    under two names) are stored once per name."""
     from safetensors.torch import save
 
     from bench.io import atomic_write_bytes, canonical_safetensors
-    sd = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
+    sd = {k: (v.detach().half() if half and v.is_floating_point() else v.detach()).contiguous().clone()
+          for k, v in module.state_dict().items()}
     atomic_write_bytes(path, canonical_safetensors(save(sd, metadata={"config": json.dumps(config)})))
 
 
@@ -221,6 +224,13 @@ def write_manifest(out: Path, entries: Dict[str, dict]) -> None:
     manifest.update(git_commit=git_commit(), torch=torch.__version__, python=platform.python_version(),
                     created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     atomic_write_text(manifest_path, json.dumps(manifest, indent=1) + "\n")
+
+
+def set_quality(out: Path, name: str, quality: dict) -> None:
+    """Record a model's measured quality in its manifest entry."""
+    entry = json.loads((out / "manifest.json").read_text())["models"][name]
+    entry["quality"] = quality
+    write_manifest(out, {name: entry})
 
 
 STAGES = ("vqvae", "cnn", "var", "eval")
@@ -327,10 +337,7 @@ def run(out: Path, stages=STAGES, progress: bool = True, eval_per_class: int = 5
         with pinned_threads(EVAL_THREADS) as threads:
             q = measure_tiny_var(out, per_class=eval_per_class, progress=progress)
         q["threads"] = threads
-        manifest = json.loads((out / "manifest.json").read_text())
-        entry = manifest["models"]["tiny-var"]
-        entry["quality"] = q
-        write_manifest(out, {"tiny-var": entry})
+        set_quality(out, "tiny-var", q)
         print("tiny-var quality:", json.dumps(q))
 
 

@@ -39,7 +39,7 @@ from bench.models.bsq import BSQVAE
 from bench.models.infinity import Infinity
 from bench.models.t2i import T2IGenerator
 from bench.models.text import TinyTextEncoder
-from bench.recipes.tiny import _lr, pinned_threads, psnr, write_manifest
+from bench.recipes.tiny import _lr, pinned_threads, psnr, save_safetensors, set_quality, write_manifest
 from bench.recipes.tiny import _numerics as _cpu_numerics
 from bench.tiny import configs
 
@@ -160,21 +160,11 @@ def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, sna
             curve.append({"step": step, "loss": round(loss.item(), 5)})
             bar.set_postfix(bce=f"{loss.item():.4f}")
         if snapshot is not None and (step + 1) % 500 == 0:
-            save_fp16(inf, snapshot, configs.TINY_T2I.to_dict())
-            save_fp16(text, snapshot.with_name(snapshot.name.replace(".safetensors", "_text.safetensors")),
-                      configs.TINY_TEXT.to_dict())
+            save_safetensors(inf, snapshot, configs.TINY_T2I.to_dict(), half=True)
+            save_safetensors(text, snapshot.with_name(snapshot.name.replace(".safetensors", "_text.safetensors")),
+                             configs.TINY_TEXT.to_dict(), half=True)
     inf.eval(), text.eval()
     return inf, text, {"curve": curve}
-
-
-def save_fp16(module: torch.nn.Module, path: Path, config: dict) -> None:
-    """Floating tensors as fp16 (half the size); loading upcasts to the very same fp32 values."""
-    from safetensors.torch import save
-
-    from bench.io import atomic_write_bytes, canonical_safetensors
-    sd = {k: (v.detach().half() if v.is_floating_point() else v.detach()).contiguous().clone()   # no shared storage
-          for k, v in module.state_dict().items()}
-    atomic_write_bytes(path, canonical_safetensors(save(sd, metadata={"config": json.dumps(config)})))
 
 
 # ------------------------------------------------------------------ 3. quality bars
@@ -207,7 +197,7 @@ def run(out: Path, stages=STAGES, progress: bool = True) -> None:
         with pinned_threads(BSQ_RECIPE["threads"]) as threads:
             t0 = time.time()
             vae, info = train_bsq(BSQ_RECIPE, progress)
-            save_fp16(vae, out / FILES["bsq"], configs.TINY_BSQ.to_dict())
+            save_safetensors(vae, out / FILES["bsq"], configs.TINY_BSQ.to_dict(), half=True)
             write_manifest(out, {"tiny-bsq": {"file": FILES["bsq"], "recipe": BSQ_RECIPE, **_numerics(threads),
                                               "config": configs.TINY_BSQ.to_dict(), "train_seconds": round(time.time() - t0),
                                               "quality": {"val_psnr_db": info["val_psnr_db"]}, "curve": info["curve"]}})
@@ -221,8 +211,8 @@ def run(out: Path, stages=STAGES, progress: bool = True) -> None:
             inf, text, info = train_t2i(vae, T2I_RECIPE, progress, snapshot=snap)
             for p in (snap, snap.with_name("tiny_t2i.snapshot_text.safetensors")):
                 p.unlink(missing_ok=True)
-            save_fp16(inf, out / FILES["t2i"], configs.TINY_T2I.to_dict())
-            save_fp16(text, out / FILES["text"], configs.TINY_TEXT.to_dict())
+            save_safetensors(inf, out / FILES["t2i"], configs.TINY_T2I.to_dict(), half=True)
+            save_safetensors(text, out / FILES["text"], configs.TINY_TEXT.to_dict(), half=True)
             common = {"recipe": T2I_RECIPE, **_numerics(threads), "train_seconds": round(time.time() - t0)}
             write_manifest(out, {"tiny-t2i": {"file": FILES["t2i"], "config": configs.TINY_T2I.to_dict(), **common,
                                               "curve": info["curve"]},
@@ -232,11 +222,8 @@ def run(out: Path, stages=STAGES, progress: bool = True) -> None:
         sampling = dict(MODELS.get("tiny-t2i").sampling)
         with pinned_threads(EVAL["threads"]) as threads:
             q = measure(load_tiny_t2i(out).eval(), sampling, progress=progress)
-        manifest = json.loads((out / "manifest.json").read_text())
-        entry = manifest["models"]["tiny-t2i"]
-        entry["quality"] = {**q, "per_task": EVAL["per_task"], "seed": EVAL["seed"], "sampling": sampling,
-                            "threads": threads, "bars": BARS}
-        write_manifest(out, {"tiny-t2i": entry})
+        set_quality(out, "tiny-t2i", {**q, "per_task": EVAL["per_task"], "seed": EVAL["seed"], "sampling": sampling,
+                                      "threads": threads, "bars": BARS})
         print("tiny-t2i quality:", json.dumps(q))
 
 
