@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 WORLD   ?= tiny
 
-.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard figures tiny-models tiny-t2i mutation clean
+.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard setup-browser figures tiny-models tiny-t2i mutation clean
 
 setup: $(STAMP)
 
@@ -31,7 +31,16 @@ tables: setup
 	$(BIN)/varbench table all --world $(WORLD)
 
 leaderboard: setup
-	@echo "varbench $@ is not implemented yet (planned: rendered from records like the tables)." >&2; exit 2
+	$(BIN)/varbench leaderboard --world $(WORLD)
+
+# Headless Chromium and its WebDriver (Debian's chromium, chromium-driver: /usr/bin/chromium,
+# /usr/bin/chromedriver) for the leaderboard page's browser test (tests/test_leaderboard_browser.py,
+# marked slow and browser; it skips without them). Needs root, else sudo.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+setup-browser:
+	$(SUDO) apt-get update
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver
+	/usr/bin/chromium --version && /usr/bin/chromedriver --version
 
 figures: setup
 	$(BIN)/varbench figures --world $(WORLD)

@@ -184,10 +184,58 @@ def _cmd_run(args) -> int:
 
     rec = run(spec, root=args.results, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet,
               device=_device(args, spec.world))
+    from bench.shard import rank
+    if rank() != 0:                     # torchrun: every rank returns the record; one prints it
+        return 0
     print(json.dumps({"run_id": rec["run_id"], "path": str(spec.path(args.results)),
                       "methods": rec["spec"]["methods"],
                       "metrics": {k: v["value"] for k, v in rec["metrics"].items()},
                       "params": rec["cost"].get("params")}, indent=1))
+    return 0
+
+
+def _cmd_sweep(args) -> int:
+    """Expand a sweep file (bench/sweep.py), list the cells, then run the unfinished ones or emit their
+    command lines. Under torchrun every rank walks the same cells and each run is sharded."""
+    import pandas as pd
+
+    from bench import sweep
+    from bench.io import atomic_write_text, check_writable_dir
+
+    plan_only = args.dry_run or args.emit_commands is not None
+    grid = sweep.load(args.spec, world=args.world)
+    specs, repeats = sweep.expand(grid, ckpt_dir=args.ckpt_dir, need_ckpt=not plan_only)
+    done = sweep.finished(specs, args.results)
+    todo = [s for s, d in zip(specs, done) if not d]
+    from bench.shard import rank
+    main_rank = rank() == 0
+    if main_rank:
+        with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 200,
+                               "display.max_colwidth", 60):
+            print(sweep.frame(specs, done).to_string(index=False))
+        print(f"{len(specs)} cells: {len(specs) - len(todo)} done, {len(todo)} to run"
+              + (f" ({repeats} repeated an earlier cell's run)" if repeats else ""), file=sys.stderr)
+    if args.emit_commands is not None:
+        lines = [sweep.command(s, args.results, args.ckpt_dir, args.device) for s in todo]
+        atomic_write_text(args.emit_commands, "".join(line + "\n" for line in lines))
+        print(f"wrote {len(lines)} command(s) to {args.emit_commands} (one per line: "
+              f"sed -n \"${{SLURM_ARRAY_TASK_ID}}p\" {args.emit_commands} | bash, array 1-{len(lines)})", file=sys.stderr)
+    if plan_only or not todo:
+        return 0
+    from tqdm.auto import tqdm
+
+    from bench.resources import results_root
+    from bench.runner import preflight, run
+    root = check_writable_dir(results_root(args.results), "results folder")
+    for spec in todo:
+        preflight(spec, root)
+    bar = tqdm(todo, desc="sweep", unit="run", disable=args.quiet or not main_rank)
+    for spec in bar:
+        bar.set_postfix_str(spec.label())
+        run(spec, root=root, ckpt_dir=args.ckpt_dir, progress=not args.quiet and main_rank,
+            device=_device(args, spec.world))
+    if main_rank:
+        print(f"ran {len(todo)} cell(s); records under {root}", file=sys.stderr)
     return 0
 
 
@@ -358,7 +406,28 @@ def _cmd_figures(args) -> int:
             failed += 1
             continue
         print("wrote " + " ".join(str(p) for p in paths))
+    if failed and len(names) > 1:
+        print(f"varbench: {failed} of {len(names)} figures not drawn (above: the records each needs)", file=sys.stderr)
     return 2 if failed == len(names) else 0
+
+
+def _cmd_leaderboard(args) -> int:
+    """Records only (the loader of `varbench runs`), no torch: see bench/leaderboard.py for the rules."""
+    from bench import leaderboard
+    from bench.io import check_writable_dir
+    from bench.resources import results_root, tables_out_dir
+
+    world = args.world or DEFAULT_WORLD
+    root = results_root(args.results)
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"--results {root} is a file, not a folder of records")
+    board = leaderboard.build(_records(root, world), world, sort=args.sort, ckpt_dir=args.ckpt_dir, root=root)
+    out_dir = check_writable_dir(tables_out_dir(args.out), "leaderboard output folder")
+    paths = leaderboard.write(board, out_dir)
+    print(paths["md"].read_text(encoding="utf-8"), end="")
+    print(f"wrote {', '.join(str(p) for p in paths.values())} ({board['records']} current records"
+          + (f"; {board['stale']} stale not shown" if board["stale"] else "") + ")", file=sys.stderr)
+    return 0
 
 
 def _cmd_runs(args) -> int:
@@ -495,13 +564,34 @@ def build_parser() -> argparse.ArgumentParser:
                                     "write one record to <results>/<world>/<model>/<bench>/<spec-hash>.json. "
                                     "The hash covers the resolved chain (defaults filled in), each method's "
                                     "version, the checkpoint files' sha256, the bench protocol, n, seed and "
-                                    "sampling. An existing record is reused unless --force.")
+                                    "sampling. An existing record is reused unless --force. Launched as "
+                                    "`torchrun --nproc_per_node=N -m bench -- run ...`, sampling is split over the "
+                                    "ranks and the record is the same (docs/sharding.md).")
     sp.add_argument("--model", required=True, help="registered model (varbench list models)")
     sp.add_argument("--method", default=None, help="method chain joined by '+', e.g. 'magnitude:sparsity=0.4 + ft:epochs=1' "
                     "(default: dense, the unmodified model)")
     sp.add_argument("--bench", default=None, help="bench (default: shapes-c2i in the tiny world, imagenet256 in the paper world)")
     common(sp)
     sp.set_defaults(func=_cmd_run)
+
+    sp = sub.add_parser("sweep", help="a grid of models × methods × benches × seeds from a YAML file: run the "
+                        "cells without a record, or emit their command lines",
+                        description="Expands the sweep file into exact run specs (the keys `varbench run` would "
+                                    "give), lists every cell as done (its record exists) or todo, then runs the "
+                                    "todo cells in order. --emit-commands writes one `varbench run ...` line per "
+                                    "todo cell instead (a Slurm array: docs/sharding.md). Format: bench/sweep.py; "
+                                    "example: sweeps/tiny-example.yaml.")
+    sp.add_argument("spec", help="sweep file (YAML)")
+    sp.add_argument("--world", choices=WORLDS, default=None, help="overrides the file's world (default: the "
+                    "file's, else each model's)")
+    sp.add_argument("--dry-run", action="store_true", help="list the cells and run nothing")
+    sp.add_argument("--emit-commands", default=None, metavar="FILE", help="write one `varbench run ...` line per "
+                    "todo cell to FILE and run nothing")
+    results(sp)
+    sp.add_argument("--device", default=None, help="torch device for the runs (default as `varbench run`); "
+                    "also written into emitted commands")
+    sp.add_argument("--quiet", action="store_true", help="no progress bars")
+    sp.set_defaults(func=_cmd_sweep)
 
     sp = sub.add_parser("table", help="regenerate a paper table: run missing records, then render md/tex/json",
                         description="Runs every record the table needs that is missing (methods not yet in varbench "
@@ -580,17 +670,39 @@ def build_parser() -> argparse.ArgumentParser:
     ops.add_argument("--json", action="store_true", help="print {functions: {name: {op: count}}, weights_bytes}")
     sp.set_defaults(func=_cmd_coreml)
 
-    sp = sub.add_parser("figures", help="render figures (speed-quality Pareto, per-scale latency) from records",
+    sp = sub.add_parser("figures", help="render figures (speed-quality Pareto, per-scale latency, ablations) "
+                        "from records",
                         description="Renders figures/<name>.yaml from the records (nothing is run) to "
                                     "<out>/<world>/<name>.{png,pdf}. Figures: "
                                     "pareto (FID vs FLOPs of every recorded chain), pareto-latency (FID vs "
-                                    "measured latency), scale-latency (per-scale latency stacks). A figure "
-                                    "without data says which records to make.")
+                                    "measured latency), scale-latency (per-scale latency stacks), "
+                                    "fid-vs-sparsity (every pruning method), calibration and recovery (EVAR "
+                                    "Tables 3 and 4 as bars), token-keep-ratio (token methods), psad-gates "
+                                    "(PSAD's per-scale gates). A figure without data says which records to "
+                                    "make; the others are still drawn (exit status 2 only when none is).")
     sp.add_argument("names", nargs="*", help="figure names (default: all)")
     sp.add_argument("--world", choices=WORLDS, default=None, help=f"default: {DEFAULT_WORLD}")
     sp.add_argument("--out", default=None, help="output base folder (default: $VARBENCH_FIGURES_OUT, else ./figures/out)")
     sp.add_argument("--results", default=None, help="record folder (default: $VARBENCH_RESULTS, else ./results)")
     sp.set_defaults(func=_cmd_figures)
+
+    sp = sub.add_parser("leaderboard", help="rank every current record of a world, one table per bench "
+                        "(md, tex, html, json)",
+                        description="Reads the records only (nothing is run, no torch) and writes "
+                                    "<out>/<world>/leaderboard.{md,tex,html,json}: one table per bench, a row "
+                                    "per model + resolved method chain (+ setting, n), the bench's metrics "
+                                    "(value ± stderr) and params, FLOPs and ms/image. Records that differ "
+                                    "only in the seed are one row (mean; error bar: standard error over seeds); "
+                                    "different n are different rows. Sorted best first by the bench's primary "
+                                    "metric (FID, or latency for the latency bench), rows without it last. Stale "
+                                    "records are left out and counted (`varbench runs --stale`). The HTML page "
+                                    "is self-contained; click a header to sort. Rules: docs/leaderboard.md.")
+    sp.add_argument("--world", choices=WORLDS, default=None, help=f"default: {DEFAULT_WORLD}")
+    sp.add_argument("--sort", default=None, metavar="METRIC", help="sort every bench that has METRIC by it, "
+                    "best first (a catalog metric, e.g. is, class_acc, params; default: each bench's primary metric)")
+    sp.add_argument("--out", default=None, help="output base folder (default: $VARBENCH_TABLES_OUT, else ./tables/out)")
+    results(sp)
+    sp.set_defaults(func=_cmd_leaderboard)
 
     sp = sub.add_parser("runs", help="list records (spec, metrics, age, stale or not); prune stale ones",
                         description="A record is stale when its request, made again today, would give another "
@@ -613,6 +725,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:   # `torchrun -m bench -- run ...` (docs/sharding.md), where argparse keeps the "--"
+        argv = argv[1:]
     try:
         if argv[:1] == ["train-tiny"]:
             from bench.recipes.tiny import main as train_main

@@ -14,7 +14,7 @@ from typing import Optional
 from bench.io import PACKAGE_ROOT, SOURCE_ROOT
 
 # name -> its path in a checkout, relative to the checkout root (package data mirrors the same path)
-RESOURCES = ("tables", "tables/templates", "datasets", "assets/tiny", "figures")
+RESOURCES = ("tables", "tables/templates", "datasets", "assets/tiny", "figures", "sweeps")
 
 
 def _is_checkout(root: Path) -> bool:

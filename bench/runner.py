@@ -1,6 +1,8 @@
 """Run specs → records. One run = load the model, apply the method chain, sample the bench's
 images, score them, write one JSON record atomically (``bench.records``). A spec whose record
 exists is reused (``force=True`` reruns it). Specs come from ``bench.plan.make_spec``.
+Launched by torchrun (``WORLD_SIZE`` > 1), sampling is split over the ranks by ``bench.shard``
+(same images, same record); a plain process never touches torch.distributed.
 
 Everything that can be checked before the work is checked first: the record folder is writable,
 the bench's reference files exist, an existing record is not of a newer schema.
@@ -15,6 +17,7 @@ from typing import Dict
 import torch
 from tqdm.auto import tqdm
 
+from bench import shard
 from bench.accounting import count_params, sampling_flops
 from bench.io import check_writable_dir
 from bench.method import Context, apply_chain
@@ -82,6 +85,7 @@ def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: 
         if rec is not None:
             return rec
     preflight(spec, root)
+    device = shard.setup(device)        # torchrun: this rank's device, process group up; else unchanged
     timings: Dict[str, float] = {}
     t0 = time.perf_counter()
     card = MODELS.get(spec.model)
@@ -102,7 +106,13 @@ def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: 
 
     labels = bench.labels(spec.n)
     t = time.perf_counter()
-    images = sample(gen, bench, labels, spec.seed, spec.sampling, progress, desc=f"sample {spec.label()}")
+    if shard.active():                  # torchrun: each rank makes its batches, rank 0 scores them
+        images, shard_cost = shard.sample(gen, bench, labels, spec, path, progress)
+        if images is None:
+            return shard.wait_for_record(spec, root)
+    else:
+        images, shard_cost = sample(gen, bench, labels, spec.seed, spec.sampling, progress,
+                                    desc=f"sample {spec.label()}"), {}
     timings["sample_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -115,8 +125,10 @@ def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: 
             "flops_no_cfg": sampling_flops(gen, **{**spec.sampling, "cfg": None}),
             "images_per_s": spec.n / timings["sample_s"], "sample_batch": bench.batch_size,
             "latency_ms_per_image": 1000 * timings["sample_s"] / spec.n, "device": device}
+    cost = {k: v for k, v in {**cost, **shard_cost}.items() if v is not None}
     rec = make_record(spec, metrics, cost, timings, notes=ctx.notes, device=device)
     write_record(path, rec)
+    shard.finish(path)
     return rec
 
 

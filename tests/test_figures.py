@@ -72,4 +72,4 @@ def test_missing_records_and_unknown_figures_are_clear(tmp_path, capsys):
 def test_cli_renders_all_figures(records, tmp_path, capsys):
     assert main(["figures", "--results", str(records), "--out", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
-    assert out.count("wrote") == 3 and "pareto.pdf" in out
+    assert out.count("wrote") == 5 and "pareto.pdf" in out   # + fid-vs-sparsity, psad-gates (from defaults)

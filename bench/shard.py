@@ -1,0 +1,230 @@
+"""Sharded runs: ``torchrun --nproc_per_node=N -m bench run ...`` splits a run's sampling over N ranks.
+
+Why whole batches: the bench seeds sampling per *batch* of its single-process layout (batch ``b``
+holds samples ``b·B … (b+1)·B−1`` and gets the seed ``bench.batch_seed(seed, b)``; ``B`` is the
+bench's ``batch_size``), and one torch.Generator draws the tokens of a whole batch. A sample's
+image therefore depends on its batch, not only on its index. Ranks split the work on those same
+batches (on a fresh run rank ``r`` of ``N`` makes batches ``r, r+N, r+2N, …``), so every image is
+bit-identical to the single-process run's, whatever N is, and the merged set is the same tensor.
+
+One file per batch, ``<record path without .json>.shards/batch-<b>.npz``, written atomically
+(``bench.io.atomic_write_bytes``): a file that exists is complete. It holds the run key, the batch
+index, its sample indices, labels and seed, and the uint8 images (what the bench's ``evaluate``
+needs). After every rank has written its batches (barrier), rank 0 checks and merges them in batch
+order, scores them with the bench's ``evaluate`` and writes the one record, as a single-process run
+would (plus ``cost.sample_ranks`` and ``cost.shard_batches_reused``), then removes the folder;
+the other ranks wait for the record and return it, so that several runs in one launch (a sweep, a
+table) stay in step.
+
+Resume: a run interrupted on any number of ranks is restarted with the same command (any N): every
+rank lists the batches whose files exist and hold this run's key, and the batches still missing are
+dealt round-robin over the ranks. Finished batches are never generated again.
+
+Feature extraction stays on rank 0, inside the bench's ``evaluate``: benches take images, not
+features, and a feature network's output for one image can depend on the batch it is computed in
+(kernel choice per batch shape), which would break the exact equality with a single-process run.
+
+Only a torchrun launch (``WORLD_SIZE`` > 1 in the environment) initialises a process group: NCCL
+when the run's device is CUDA (rank's GPU: ``cuda:$LOCAL_RANK``), gloo on the CPU. A plain
+``varbench run`` never touches torch.distributed. Every rank loads the model and applies the method
+chain itself (same seed, same result); only sampling is split.
+"""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Dict, List, Optional, Set, Tuple
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from bench.io import atomic_write_bytes
+
+SHARD_SUFFIX = ".shards"
+# Rank 0 waits at a barrier for the slowest rank's sampling, the others for rank 0's scoring: both can
+# take hours in the paper world. torchrun stops every rank when one fails, so a long timeout never
+# hides a crash.
+TIMEOUT_S = float(os.environ.get("VARBENCH_SHARD_TIMEOUT_S", 12 * 3600))
+
+
+class ShardError(ValueError):
+    """A shard file that does not belong where it is; the message says what to delete."""
+
+
+# --------------------------------------------------------------------------------------------------
+# the launch
+
+
+def world_size() -> int:
+    """Ranks of this launch (torchrun's ``WORLD_SIZE``; 1 for a plain process)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0")) if active() else 0
+
+
+def active() -> bool:
+    """True when launched by torchrun with more than one rank."""
+    return world_size() > 1
+
+
+def setup(device: str) -> str:
+    """The device this rank runs on, with the process group up (no-op unless :func:`active`).
+
+    ``cuda`` becomes ``cuda:$LOCAL_RANK`` (one GPU per rank); an explicit ``cuda:i`` is kept.
+    """
+    if not active():
+        return device
+    import torch.distributed as dist
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if dev.index is None:
+            dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=timedelta(seconds=TIMEOUT_S))
+    return str(dev)
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+    if dist.get_backend() == "nccl":
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
+
+
+# --------------------------------------------------------------------------------------------------
+# shard files
+
+
+def shard_dir(record_path: str | os.PathLike) -> Path:
+    """``<root>/<world>/<model>/<bench>/<key>.shards``: beside the record, named by the run key."""
+    return Path(record_path).with_suffix(SHARD_SUFFIX)
+
+
+def batch_path(folder: Path, b: int) -> Path:
+    return Path(folder) / f"batch-{b:06d}.npz"
+
+
+def n_batches(n: int, batch_size: int) -> int:
+    return -(-n // batch_size)
+
+
+def write_batch(folder: Path, key: str, b: int, batch_size: int, labels: torch.Tensor, seed: int,
+                images: torch.Tensor) -> Path:
+    """Write batch ``b``'s images atomically, with what identifies them."""
+    start = b * batch_size
+    buf = io.BytesIO()
+    np.savez(buf, key=np.array(key), batch=np.array(b), indices=np.arange(start, start + len(images)),
+             labels=labels.cpu().numpy(), seed=np.array(seed, dtype=np.int64), images=images.cpu().numpy())
+    return atomic_write_bytes(batch_path(folder, b), buf.getvalue())
+
+
+def _key_of(path: Path) -> Optional[str]:
+    """The run key a shard file holds, or None if it cannot be read (then it is made again)."""
+    try:
+        with np.load(path) as f:          # lazy: reads only the key member
+            return str(f["key"])
+    except Exception:                     # truncated, not a zip, no key: not finished, make it again
+        return None
+
+
+def finished(folder: Path, key: str, total: int) -> Set[int]:
+    """Batches whose shard file exists and holds run ``key``."""
+    return {b for b in range(total) if batch_path(folder, b).is_file() and _key_of(batch_path(folder, b)) == key}
+
+
+def assign(total: int, done: Set[int], rank_: int, world: int) -> List[int]:
+    """The batches rank ``rank_`` of ``world`` makes: the missing ones, dealt round-robin (a fresh run:
+    ``rank_, rank_ + world, …``). Which rank makes a batch does not change its images."""
+    return [b for b in range(total) if b not in done][rank_::world]
+
+
+@torch.no_grad()
+def generate(gen, bench, labels: torch.Tensor, seed: int, sampling: dict, folder: Path, key: str,
+             batches: List[int], progress: bool = False) -> None:
+    """Generate and write ``batches`` of the single-process layout (batch ``b``: its labels, its seed)."""
+    B = bench.batch_size
+    for b in tqdm(batches, desc=f"sample (rank {rank()})", disable=not progress):
+        lab = labels[b * B:(b + 1) * B]
+        s = bench.batch_seed(seed, b)
+        write_batch(folder, key, b, B, lab, s, gen.generate(lab, seed=s, **sampling))
+
+
+def merge(folder: Path, key: str, labels: torch.Tensor, bench, seed: int) -> torch.Tensor:
+    """Every batch's images, in batch order (= sample order), after checking each file is the one
+    this run expects (its key, index, samples, labels and seed)."""
+    B = bench.batch_size
+    out = []
+    for b in range(n_batches(len(labels), B)):
+        path = batch_path(folder, b)
+        if not path.is_file():
+            raise ShardError(f"{path} is missing after every rank finished; rerun the same command to make it")
+        with np.load(path) as f:
+            got = {k: f[k] for k in ("key", "batch", "indices", "labels", "seed", "images")}
+        lab = labels[b * B:(b + 1) * B]
+        want = {"key": key, "batch": b, "seed": bench.batch_seed(seed, b)}
+        bad = [k for k, v in want.items() if got[k].item() != v]
+        if not np.array_equal(got["indices"], np.arange(b * B, b * B + len(lab))):
+            bad.append("indices")
+        if not np.array_equal(got["labels"], lab.numpy()):
+            bad.append("labels")
+        if got["images"].dtype != np.uint8 or len(got["images"]) != len(lab):
+            bad.append("images")
+        if bad:
+            raise ShardError(f"{path}: {', '.join(bad)} do not match run {key}; delete {folder} and rerun")
+        out.append(torch.from_numpy(got["images"]))
+    return torch.cat(out)
+
+
+# --------------------------------------------------------------------------------------------------
+# the runner's hooks
+
+
+def sample(gen, bench, labels: torch.Tensor, spec, record_path, progress: bool = True
+           ) -> Tuple[Optional[torch.Tensor], Dict[str, object]]:
+    """Sharded sampling of one run. Rank 0 gets (all images in sample order, cost entries); the
+    other ranks get (None, {}) and then call :func:`wait_for_record`."""
+    folder, key, world, me = shard_dir(record_path), spec.key(), world_size(), rank()
+    total = n_batches(len(labels), bench.batch_size)
+    folder.mkdir(parents=True, exist_ok=True)
+    done = finished(folder, key, total)
+    _barrier()                          # every rank listed the finished batches before any writes
+    t = time.perf_counter()
+    generate(gen, bench, labels, spec.seed, spec.sampling, folder, key, assign(total, done, me, world),
+             progress=progress and me == 0)
+    _barrier()                          # every batch is on disk
+    if me != 0:
+        return None, {}
+    seconds = time.perf_counter() - t
+    made = len(labels) - sum(min(bench.batch_size, len(labels) - b * bench.batch_size) for b in done)
+    cost = {"sample_ranks": world, "shard_batches_reused": len(done),
+            # throughput of what this launch generated (None: everything was reused; left out)
+            "images_per_s": made / seconds if made else None,
+            "latency_ms_per_image": 1000 * seconds / made if made else None}
+    return merge(folder, key, labels, bench, spec.seed), cost
+
+
+def finish(record_path) -> None:
+    """Rank 0, after writing the record: drop the shards, release the other ranks."""
+    if active():
+        shutil.rmtree(shard_dir(record_path), ignore_errors=True)
+        _barrier()
+
+
+def wait_for_record(spec, root=None):
+    """Ranks > 0: wait until rank 0 has written the record, and return it."""
+    from bench.records import find_record
+    _barrier()
+    rec = find_record(spec, root)
+    if rec is None:
+        raise ShardError(f"rank {rank()}: rank 0 finished but {spec.path(root)} is not there "
+                         f"(is the results folder shared by every rank?)")
+    return rec

@@ -1,0 +1,256 @@
+"""`varbench leaderboard` from synthetic records written by the real record writer.
+
+The records (module fixture): on shapes-c2i, dense (n=120 and n=240), magnitude at 0.4 and at 0.2
+(two seeds: FID in both, IS in seed 0 only), taylor without FID, and a stale slimgpt record (method
+version 0) that must not show; on the latency bench, two timed chains on the CPU.
+"""
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+
+import pytest
+
+from bench.cli import main
+from bench.plan import make_spec
+from bench.records import make_record, write_record
+
+DENSE = "dense"
+MAG4 = "magnitude:norm=l2,schedule=uniform,scope=coupled,sparsity=0.4"
+MAG2 = "magnitude:norm=l2,schedule=uniform,scope=coupled,sparsity=0.2"
+TAYLOR = "taylor:batch=16,n_calib=128,reduce=square-sum,schedule=uniform,sparsity=0.4"
+
+
+def _write(root, chain, metrics, cost, n=120, seed=0, bench=None, bench_args=None):
+    spec = make_spec("tiny-var", chain, bench=bench, n=n, seed=seed, need_ckpt=False, bench_args=bench_args)
+    write_record(spec.path(root), make_record(spec, metrics, cost, {}))
+    return spec
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    _write(root, "dense", {"fid": {"value": 5.0, "stderr": 0.2}, "is": {"value": 9.0, "stderr": 0.1}},
+           {"params": 1234567, "flops": 2.5e9})
+    _write(root, "dense", {"fid": {"value": 4.0, "stderr": 0.1}}, {"params": 1234567}, n=240)
+    _write(root, "magnitude:sparsity=0.4", {"fid": {"value": 20.0, "stderr": 1.0}, "is": 10.0},
+           {"params": 800000, "flops": 1.5e9})
+    _write(root, "magnitude:sparsity=0.2", {"fid": 10.0, "is": {"value": 8.0, "stderr": 0.3}}, {"params": 900000})
+    _write(root, "magnitude:sparsity=0.2", {"fid": 12.0}, {"params": 900000}, seed=1)
+    _write(root, "taylor:sparsity=0.4", {"is": 7.0}, {"params": 800000})
+    spec = make_spec("tiny-var", "slimgpt:sparsity=0.4", n=120, need_ckpt=False)
+    old = dataclasses.replace(spec, method_versions={"slimgpt": 0})      # an older method version: stale
+    write_record(old.path(root), make_record(old, {"fid": 0.5, "is": 99.0}, {}, {}))
+    cpu = {"device": "cpu", "batch": 1, "threads": 2}
+    _write(root, "dense", {"latency_ms": {"value": 30.0, "stderr": 1.5}}, {}, n=3, bench="latency", bench_args=cpu)
+    _write(root, "magnitude:sparsity=0.4", {"latency_ms": 20.0}, {}, n=3, bench="latency", bench_args=cpu)
+    return root
+
+
+def leaderboard(results, out, *args):
+    """Run the command; returns {fmt: text} of the written files."""
+    assert main(["leaderboard", "--results", str(results), "--out", str(out), *args]) == 0
+    return {f: (out / "tiny" / f"leaderboard.{f}").read_text(encoding="utf-8") for f in ("md", "tex", "html", "json")}
+
+
+def md_tables(md):
+    """bench -> (header, rows) of each Markdown table."""
+    out, bench = {}, None
+    for line in md.splitlines():
+        if line.startswith("## "):
+            bench = line[3:].strip()
+        elif line.startswith("|") and not set(line) <= set("|-: "):
+            cells = [c.strip() for c in line.strip()[1:-1].split(" | ")]
+            if bench not in out:
+                out[bench] = (cells, [])
+            else:
+                out[bench][1].append(cells)
+    return out
+
+
+def tex_tables(tex):
+    """bench -> (header, rows) of each LaTeX table (cells between \\toprule and \\bottomrule)."""
+    out = {}
+    for block in tex.split("\\begin{table}")[1:]:
+        bench = block.split("bench ", 1)[1].split(".", 1)[0]
+        lines = [ln.rstrip()[:-2] for ln in block.split("\\toprule", 1)[1].split("\\bottomrule", 1)[0].splitlines()
+                 if ln.rstrip().endswith("\\\\")]
+        cells = [[c.strip() for c in re.split(r"(?<!\\)&", ln)] for ln in lines]     # an escaped \& is text
+        out[bench] = (cells[0], cells[1:])
+    return out
+
+
+class _Tables(HTMLParser):
+    """bench -> {"head": [(col, attrs)], "rows": [[(text, data-value)]]} of each table.lb."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables, self.cur, self.cell, self.attrs = {}, None, None, None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "table" and "lb" in (a.get("class") or ""):
+            self.cur = self.tables.setdefault(a["data-bench"], {"head": [], "rows": []})
+        elif self.cur is not None and tag == "tr":
+            self.cur["rows"].append([])
+        elif self.cur is not None and tag in ("td", "th"):
+            self.cell, self.attrs = [], a
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell.append(data)
+
+    def handle_endtag(self, tag):
+        if self.cur is not None and tag in ("td", "th"):
+            text = "".join(self.cell).strip()
+            if tag == "th":
+                self.cur["head"].append((text, self.attrs))
+            else:
+                self.cur["rows"][-1].append((text, self.attrs.get("data-value")))
+            self.cell = None
+        elif tag == "table":
+            self.cur = None
+
+
+def html_tables(html):
+    p = _Tables()
+    p.feed(html)
+    for t in p.tables.values():
+        t["rows"] = [r for r in t["rows"] if r]          # the header row holds th cells only
+    return p.tables
+
+
+def column(table, name):
+    header, rows = table
+    i = next(i for i, h in enumerate(header) if h.split(" ")[0] == name or h.startswith(name))
+    return [r[i] for r in rows]
+
+
+@pytest.fixture(scope="module")
+def board(results, tmp_path_factory):
+    return leaderboard(results, tmp_path_factory.mktemp("out"))
+
+
+def test_rows_follow_the_primary_metric_in_md_tex_html_and_json(board):
+    order = [DENSE, DENSE, MAG2, MAG4, TAYLOR]          # FID 4.0 (n=240), 5.0, 11.0, 20.0, none
+    md = md_tables(board["md"])["shapes-c2i"]
+    assert column(md, "Methods") == order and column(md, "n") == ["240", "120", "120", "120", "120"]
+    assert column(md, "#") == ["1", "2", "3", "4", ""]                          # no FID: no rank
+    assert [m.replace("\\_", "_") for m in column(tex_tables(board["tex"])["shapes-c2i"], "Methods")] == order
+    h = html_tables(board["html"])["shapes-c2i"]
+    i = [t for t, _ in h["head"]].index("Methods")
+    assert [r[i][0] for r in h["rows"]] == order
+    j = json.loads(board["json"])
+    assert [r["chain"] for r in j["benches"][1]["rows"]] == order and j["benches"][1]["sort"]["metric"] == "fid"
+    assert "Sorted by FID ↓ (the bench's primary metric; lower is better, best first)" in board["md"]
+
+
+def test_error_bars_are_shown_and_missing_cells_stay_empty(board):
+    md = md_tables(board["md"])["shapes-c2i"]
+    tex = tex_tables(board["tex"])["shapes-c2i"]
+    assert column(md, "FID")[:2] == ["4.00 ± 0.10", "5.00 ± 0.20"]
+    assert column(tex, "FID")[1] == "5.00\\,$\\pm$\\,0.20"
+    assert column(md, "FID")[4] == column(tex, "FID")[4] == ""                  # taylor: no FID recorded
+    assert column(md, "FLOPs") == ["", "2.5e+09", "", "1.5e+09", ""]           # only two records have FLOPs
+    assert column(md, "Params")[2] == "900,000"                                  # equal over seeds: no ± 0
+    h = html_tables(board["html"])["shapes-c2i"]
+    fid = [t for t, _ in h["head"]].index("FID ↓")
+    assert [r[fid] for r in h["rows"]][3:] == [("20.00 ± 1.00", "20.0"), ("", "")]
+
+
+def test_a_missing_metric_keeps_the_row_and_is_never_averaged_in(board):
+    md = md_tables(board["md"])["shapes-c2i"]
+    row = dict(zip(md[0], md[1][2]))                                               # magnitude 0.2, seeds 0 and 1
+    assert row["Seeds"] == "0, 1"
+    assert row["FID ↓"] == "11.00 ± 1.00"                    # mean of 10 and 12; sd/sqrt(2) = 1
+    assert row["IS ↑"] == "8.00 ± 0.30 [1/2]"                # seed 0 only: its own value and stderr, flagged
+    assert column(md, "IS")[4] == "7.00"                     # taylor's row stays without FID
+    assert "[k/K]: mean over the k of the row's K seeds" in board["md"]
+
+
+def test_other_n_is_another_row_and_seeds_are_one(board):
+    j = json.loads(board["json"])["benches"][1]["rows"]
+    assert [(r["chain"], r["n"], r["seeds"]) for r in j][:3] == [(DENSE, 240, [0]), (DENSE, 120, [0]), (MAG2, 120, [0, 1])]
+    assert len(j[2]["run_ids"]) == 2
+
+
+def test_stale_records_are_left_out_and_counted(board):
+    for fmt in ("md", "tex", "html", "json"):
+        assert "slimgpt" not in board[fmt] and "99.00" not in board[fmt]
+    assert "1 stale record not shown" in board["md"] and "varbench runs --stale" in board["md"]
+    assert json.loads(board["json"])["stale"] == 1
+
+
+def test_sort_follows_the_metric_direction(results, tmp_path):
+    out = leaderboard(results, tmp_path, "--sort", "is")                        # IS: higher is better
+    md = md_tables(out["md"])["shapes-c2i"]
+    assert column(md, "Methods") == [MAG4, DENSE, MAG2, TAYLOR, DENSE]         # IS 10, 9, 8, 7, none (n=240)
+    assert column(md, "#") == ["1", "2", "3", "4", ""]
+    assert "Sorted by IS ↑ (--sort; higher is better, best first)" in out["md"]
+    lat = md_tables(out["md"])["latency"]                                        # no IS there: its primary metric
+    assert column(lat, "Methods") == [MAG4, DENSE] and "--sort is: latency has no is values" in out["md"]
+    h = html_tables(out["html"])["shapes-c2i"]["head"]
+    attrs = {t: a for t, a in h}
+    assert (attrs["FID ↓"]["data-best"], attrs["IS ↑"]["data-best"]) == ("ascending", "descending")
+    assert (attrs["FID ↓"]["aria-sort"], attrs["IS ↑"]["aria-sort"]) == ("none", "descending")
+
+
+def test_each_bench_has_its_table_metrics_and_setting(board):
+    tables = md_tables(board["md"])
+    assert list(tables) == ["latency", "shapes-c2i"]
+    header, rows = tables["latency"]
+    assert header[:7] == ["#", "Model", "Methods", "Setting", "n", "Seeds", "Latency (ms) ↓"]
+    assert [r[2] for r in rows] == [MAG4, DENSE] and rows[1][6] == "30.0 ± 1.5"
+    assert rows[0][3].startswith("device=cpu, batch=1, threads=2")
+    assert "Setting" not in tables["shapes-c2i"][0] and "KID ↓" not in tables["shapes-c2i"][0]   # no KID recorded
+
+
+def test_md_and_tex_rows_are_as_wide_as_their_header(board):
+    for tables in (md_tables(board["md"]), tex_tables(board["tex"])):
+        for header, rows in tables.values():
+            assert rows and all(len(r) == len(header) for r in rows)
+    for section in board["md"].split("\n## ")[1:]:
+        lines = [ln for ln in section.splitlines() if ln.startswith("|")]
+        assert lines and len({len(ln) for ln in lines}) == 1, "ragged Markdown table"
+    assert board["tex"].count("\\toprule") == board["tex"].count("\\bottomrule") == 2
+
+
+def test_html_is_one_self_contained_page_with_a_section_per_bench(board):
+    html = board["html"]
+    for external in ("http://", "https://", "<link", " src=", "@import"):
+        assert external not in html
+    assert html.count("<section") == 2 and "<style>" in html and "addEventListener(\"click\"" in html
+    assert "lower is better, best first" in html.split("<caption>", 2)[2].split("</caption>")[0]
+
+
+def test_no_records_unknown_world_and_bad_sort_are_clear_messages(results, tmp_path, capsys):
+    assert main(["leaderboard", "--results", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "no records of the tiny world under" in err and "varbench run" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()                                         # nothing written
+    with pytest.raises(SystemExit) as e:
+        main(["leaderboard", "--world", "nope"])
+    assert e.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
+    assert main(["leaderboard", "--results", str(results), "--out", str(tmp_path / "o"), "--sort", "fdi"]) == 2
+    assert "did you mean 'fid'" in capsys.readouterr().err
+    assert main(["leaderboard", "--results", str(results), "--out", str(tmp_path / "o"), "--world", "paper"]) == 2
+    assert "no records of the paper world" in capsys.readouterr().err
+
+
+def test_only_stale_records_say_so(tmp_path, capsys):
+    spec = make_spec("tiny-var", "magnitude", n=120, need_ckpt=False)
+    old = dataclasses.replace(spec, method_versions={"magnitude": 0})
+    write_record(old.path(tmp_path), make_record(old, {"fid": 1.0}, {}, {}))
+    assert main(["leaderboard", "--results", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "all 1 records of the tiny world" in capsys.readouterr().err
+
+
+def test_the_command_imports_no_torch(results, tmp_path):
+    code = ("import sys; from bench.cli import main; "
+            f"rc = main(['leaderboard', '--results', {str(results)!r}, '--out', {str(tmp_path)!r}]); "
+            "assert rc == 0, rc; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=60)
+    assert sorted(p.name for p in (tmp_path / "tiny").iterdir()) == [
+        "leaderboard.html", "leaderboard.json", "leaderboard.md", "leaderboard.tex"]   # no temporary files left

@@ -1,0 +1,151 @@
+"""Sharded runs (bench/shard.py): the merged images are the single-process run's, bit for bit, for
+any number of ranks; an interrupted run resumes without making finished batches again; and a real
+2-rank torchrun (gloo, CPU) writes the record a 1-process run writes, metrics equal exactly."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from bench import shard
+from bench.benches.shapes_c2i import ShapesC2I
+from bench.plan import make_spec
+from bench.records import read_record
+from bench.registry import MODELS
+from bench.runner import run, sample
+from bench.tiny.assets import ASSETS
+
+KEY = "0123456789abcdef"
+SAMPLING = {"cfg": 2.0}
+
+
+class CountingGen:
+    """Stands in for a Generator: images a function of (seed, labels) only, every call counted."""
+
+    def __init__(self):
+        self.seeds = []
+
+    def generate(self, labels, seed, **sampling):
+        self.seeds.append(seed)
+        g = torch.Generator().manual_seed(seed)
+        noise = torch.randint(0, 256, (len(labels), 3, 4, 4), generator=g, dtype=torch.uint8)
+        return noise + labels.to(torch.uint8).view(-1, 1, 1, 1)
+
+
+def sharded(gen, bench, labels, seed, folder, world):
+    """Every rank of a ``world``-rank launch in turn (the listing happens before any rank writes,
+    as the barrier guarantees), then rank 0's merge."""
+    total = shard.n_batches(len(labels), bench.batch_size)
+    done = shard.finished(folder, KEY, total)
+    for r in range(world):
+        shard.generate(gen, bench, labels, seed, SAMPLING, folder, KEY, shard.assign(total, done, r, world))
+    return shard.merge(folder, KEY, labels, bench, seed)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+def test_sharded_images_are_the_single_process_images(tmp_path, world):
+    bench = ShapesC2I()
+    labels = bench.labels(564)                       # 12 batches, the last one short (14 images)
+    one = sample(CountingGen(), bench, labels, 7, SAMPLING, progress=False)
+    gen = CountingGen()
+    merged = sharded(gen, bench, labels, 7, tmp_path / "s", world)
+    assert merged.dtype == torch.uint8 and torch.equal(merged, one)
+    assert sorted(gen.seeds) == [bench.batch_seed(7, b) for b in range(12)]     # each batch made once
+
+
+def test_a_fresh_run_deals_batches_round_robin():
+    assert shard.assign(7, set(), 0, 3) == [0, 3, 6]
+    assert shard.assign(7, set(), 2, 3) == [2, 5]
+    assert shard.assign(7, {0, 3}, 0, 2) == [1, 4, 6]      # a resume deals what is missing
+
+
+def test_an_interrupted_run_resumes_without_remaking_finished_batches(tmp_path):
+    bench, folder = ShapesC2I(), tmp_path / "s"
+    labels = bench.labels(564)
+    one = sample(CountingGen(), bench, labels, 3, SAMPLING, progress=False)
+    # the first launch (2 ranks) was killed: rank 1 finished its batches, rank 0 none; one file of
+    # rank 0 was cut short mid-write (not atomic: e.g. copied), one belongs to another run
+    shard.generate(CountingGen(), bench, labels, 3, SAMPLING, folder, KEY, shard.assign(12, set(), 1, 2))
+    shard.batch_path(folder, 0).write_bytes(b"PK\x03\x04 truncated")
+    shard.write_batch(folder, "fedcba9876543210", 2, bench.batch_size, labels[100:150], 0,
+                      torch.zeros(50, 3, 4, 4, dtype=torch.uint8))
+    kept = {b: os.stat(shard.batch_path(folder, b)) for b in (1, 3, 5, 7, 9, 11)}
+    assert shard.finished(folder, KEY, 12) == set(kept)
+
+    gen = CountingGen()                                # resumed on 3 ranks
+    merged = sharded(gen, bench, labels, 3, folder, 3)
+    assert sorted(gen.seeds) == [bench.batch_seed(3, b) for b in (0, 2, 4, 6, 8, 10)]
+    for b, st in kept.items():
+        now = os.stat(shard.batch_path(folder, b))
+        assert (now.st_ino, now.st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
+    assert torch.equal(merged, one)
+
+
+def test_merge_refuses_a_shard_of_another_run_or_a_missing_one(tmp_path):
+    bench, folder = ShapesC2I(), tmp_path / "s"
+    labels = bench.labels(96)                          # 2 batches
+    shard.generate(CountingGen(), bench, labels, 0, SAMPLING, folder, KEY, [0, 1])
+    with pytest.raises(shard.ShardError, match="seed do not match"):
+        shard.merge(folder, KEY, labels, bench, seed=1)
+    shard.batch_path(folder, 1).unlink()
+    with pytest.raises(shard.ShardError, match="batch-000001.npz is missing"):
+        shard.merge(folder, KEY, labels, bench, seed=0)
+    with np.load(shard.batch_path(folder, 0)) as f:     # what a shard holds
+        assert sorted(f.files) == ["batch", "images", "indices", "key", "labels", "seed"]
+        assert f["indices"].tolist() == list(range(50)) and str(f["key"]) == KEY
+
+
+def test_a_plain_process_is_not_sharded(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert not shard.active() and shard.rank() == 0 and shard.setup("cpu") == "cpu"
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert not shard.active()
+    assert not torch.distributed.is_initialized()
+
+
+# --------------------------------------------------------------------------------------------------
+# a real torchrun launch: 2 gloo ranks on the CPU against one process
+
+needs_tiny = pytest.mark.skipif(not (ASSETS / "tiny_var.safetensors").is_file(),
+                                reason="tiny-world checkpoints not built (make tiny-models)")
+N = 60                                                 # 2 batches: rank 0 makes batch 0, rank 1 batch 1
+
+
+def torchrun(results, cwd):
+    """``--`` after ``bench``: torchrun's parser would read varbench's ``--n`` as an ambiguous
+    abbreviation of its own options (--nnodes, --nproc-per-node, ...)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "bench", "--", "run", "--model", "tiny-var", "--n", str(N), "--results", str(results), "--quiet"]
+    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-4000:]
+    return out
+
+
+@needs_tiny
+@pytest.mark.slow
+def test_two_torchrun_ranks_write_the_one_process_record_and_resume(tmp_path):
+    spec = make_spec("tiny-var", [], n=N)
+    one = run(spec, root=tmp_path / "one", progress=False)
+
+    out = torchrun(tmp_path / "two", tmp_path)
+    two = read_record(spec.path(tmp_path / "two"))
+    assert out.stdout.count('"run_id"') == 1                       # one rank prints
+    assert two["run_id"] == one["run_id"] and two["spec"] == one["spec"]
+    assert two["metrics"] == one["metrics"]                        # exactly, every value and stderr
+    assert {k: two["cost"][k] for k in ("params", "flops")} == {k: one["cost"][k] for k in ("params", "flops")}
+    assert two["cost"]["sample_ranks"] == 2 and two["cost"]["shard_batches_reused"] == 0
+    assert not shard.shard_dir(spec.path(tmp_path / "two")).exists()
+
+    # interrupted after rank 1 wrote batch 1: the relaunch makes batch 0 only
+    root = tmp_path / "resumed"
+    gen = MODELS.get("tiny-var")(device="cpu").eval()
+    bench = ShapesC2I()
+    shard.generate(gen, bench, bench.labels(N), spec.seed, spec.sampling, shard.shard_dir(spec.path(root)),
+                   spec.key(), [1])
+    torchrun(root, tmp_path)
+    resumed = read_record(spec.path(root))
+    assert resumed["cost"]["shard_batches_reused"] == 1
+    assert resumed["metrics"] == one["metrics"] and resumed["run_id"] == one["run_id"]

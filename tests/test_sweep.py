@@ -1,0 +1,123 @@
+"""Run matrices (bench/sweep.py, `varbench sweep`): a grid expands to the run specs `varbench run`
+would make, finished cells are skipped, emitted command lines make exactly the todo cells' records,
+and bad files are answered with what to write instead."""
+import shlex
+
+import pytest
+import yaml
+
+from bench import sweep
+from bench.cli import build_parser, main
+from bench.plan import make_spec
+from bench.records import make_record, read_record, write_record
+from bench.tiny.assets import ASSETS
+
+GRID = {"world": "tiny", "models": ["tiny-var"],
+        "methods": ["dense", "magnitude:sparsity=0.2", "magnitude:sparsity=0.4 + ft:epochs=0.5"],
+        "benches": ["shapes-c2i"], "seeds": [0, 1], "n": 24, "sampling": {"cfg": 1.5}}
+
+
+def write(tmp_path, data, name="grid.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def fake_record(spec, root):
+    """A record of ``spec`` where the runner would put it, written by the real writer."""
+    write_record(spec.path(root), make_record(spec, {"fid": 1.0}, {"params": 1}, {}))
+
+
+def test_the_grid_expands_in_order_to_the_specs_run_would_make():
+    specs, repeats = sweep.expand(sweep.parse(GRID))
+    assert len(specs) == 1 * 3 * 1 * 2 and repeats == 0
+    assert [(s.requested["methods"], s.seed) for s in specs[:3]] == [([], 0), ([], 1), (["magnitude:sparsity=0.2"], 0)]
+    assert specs[5].key() == make_spec("tiny-var", "magnitude:sparsity=0.4 + ft:epochs=0.5", bench="shapes-c2i",
+                                       n=24, seed=1, sampling={"cfg": 1.5}).key()
+    # defaults: dense, the world's bench, seed 0; a chain spelled two ways is one run
+    specs, repeats = sweep.expand(sweep.parse({"models": "tiny-var", "methods": ["magnitude", "magnitude:sparsity=0.4"]}))
+    assert len(specs) == 1 and repeats == 1 and specs[0].bench == "shapes-c2i" and specs[0].seed == 0
+
+
+def test_finished_cells_are_skipped_and_the_rest_run_in_order(tmp_path, monkeypatch, capsys):
+    path, root = write(tmp_path, GRID), tmp_path / "results"
+    specs, _ = sweep.expand(sweep.parse(GRID))
+    fake_record(specs[2], root)
+    assert sweep.finished(specs, root) == [False, False, True, False, False, False]
+
+    assert main(["sweep", str(path), "--results", str(root), "--dry-run"]) == 0
+    out = capsys.readouterr()
+    rows = {line.split()[-2]: line.split()[-1] for line in out.out.splitlines()[1:]}
+    assert rows == {s.key(): "done" if i == 2 else "todo" for i, s in enumerate(specs)}
+    assert "6 cells: 1 done, 5 to run" in out.err and len(list(root.rglob("*.json"))) == 1   # ran nothing
+
+    ran = []
+
+    def fake_run(spec, root=None, **kw):       # the runner's contract: write the record at spec.path
+        ran.append(spec.key())
+        fake_record(spec, root)
+    monkeypatch.setattr("bench.runner.run", fake_run)
+    assert main(["sweep", str(path), "--results", str(root), "--quiet"]) == 0
+    assert ran == [s.key() for i, s in enumerate(specs) if i != 2]
+    assert main(["sweep", str(path), "--results", str(root), "--quiet"]) == 0     # all done: nothing runs
+    assert len(ran) == 5 and "6 cells: 6 done, 0 to run" in capsys.readouterr().err
+
+
+def test_emitted_commands_make_exactly_the_todo_cells(tmp_path, capsys):
+    path, root = write(tmp_path, GRID), tmp_path / "results"
+    specs, _ = sweep.expand(sweep.parse(GRID))
+    fake_record(specs[0], root)
+    fake_record(specs[4], root)
+    out = tmp_path / "commands.txt"
+    assert main(["sweep", str(path), "--results", str(root), "--emit-commands", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert len(lines) == 4 and all(line.startswith("varbench run --model tiny-var") for line in lines)
+    keys = []
+    for line in lines:                         # each line, parsed by `varbench run`, is its cell's spec
+        argv = shlex.split(line)
+        args = build_parser().parse_args(argv[1:])
+        assert args.func.__name__ == "_cmd_run" and args.results == str(root.resolve())
+        keys.append(make_spec(args.model, args.method, bench=args.bench, n=args.n, seed=args.seed,
+                              world=args.world, sampling={"cfg": args.cfg}).key())
+    assert keys == [s.key() for i, s in enumerate(specs) if i not in (0, 4)]
+    assert "'magnitude:sparsity=0.4 + ft:epochs=0.5'" in lines[-1] and "--cfg 1.5" in lines[-1]
+    assert 'sed -n "${SLURM_ARRAY_TASK_ID}p"' in capsys.readouterr().err
+    assert len(list(root.rglob("*.json"))) == 2                                       # ran nothing
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"models": ["tiny-vra"]}, "models[0]: unknown model 'tiny-vra'; did you mean 'tiny-var'"),
+    ({"methods": ["dense", "magnitud:sparsity=0.2"]}, "methods[1] 'magnitud:sparsity=0.2': unknown method "
+                                                       "'magnitud'; did you mean 'magnitude'?"),
+    ({"benches": ["shapes-c2"]}, "benches[0]: unknown bench 'shapes-c2'; did you mean 'shapes-c2i'?"),
+    ({"seed": [0]}, "unknown key 'seed'; did you mean 'seeds'?"),
+    ({"benches": ["latency"]}, "latency is not an image bench; run it with `varbench latency`"),
+    ({"sampling": {"more_smooth": True}}, "sampling may set cfg, top_k, top_p"),
+    ({"seeds": [-1]}, "seeds[0]"),
+    ({"n": 25}, "needs a positive multiple of its 12 classes"),
+    ({"methods": ["magnitude:sparsity=2.0"]}, "cell tiny-var magnitude:sparsity=2.0 @ shapes-c2i seed 0"),
+])
+def test_bad_sweep_files_are_refused_with_the_fix(tmp_path, capsys, change, message):
+    path = write(tmp_path, {**GRID, **change})
+    assert main(["sweep", str(path), "--dry-run", "--results", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"varbench: error: {path}: ") and message in err, err
+
+
+@pytest.mark.skipif(not (ASSETS / "tiny_var.safetensors").is_file(), reason="tiny-world checkpoints not built")
+@pytest.mark.usefixtures("one_thread")
+def test_a_real_sweep_writes_the_records_run_would(tmp_path, capsys):
+    path, root = write(tmp_path, {"models": ["tiny-var"], "n": 12}), tmp_path / "results"
+    assert main(["sweep", str(path), "--results", str(root), "--quiet"]) == 0
+    spec = make_spec("tiny-var", [], n=12)
+    assert read_record(spec.path(root))["run_id"] == spec.key()
+    assert main(["sweep", str(path), "--results", str(root), "--dry-run"]) == 0
+    assert f"{spec.key()}   done" in capsys.readouterr().out
+
+
+def test_a_shipped_sweep_loads_by_name_and_an_unknown_name_lists_the_shipped_ones(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)            # no sweeps/ folder here: the name must resolve to the shipped file
+    grid = sweep.load("tiny-example")
+    assert grid.models == ("tiny-var",) or list(grid.models) == ["tiny-var"]
+    with pytest.raises(sweep.SweepError, match="tiny-example"):
+        sweep.load("tiny-exampel")
