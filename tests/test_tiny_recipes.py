@@ -112,3 +112,26 @@ def test_canonical_safetensors_metadata_order(tmp_path):
     assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
     header = paths[0].read_bytes()[8:200].decode(errors="ignore")
     assert header.startswith('{"__metadata__":{"q":"9","r":"8"')
+
+
+def test_tiny_t2i_recipe_runs_pinned_to_its_isa_and_records_it():
+    """The text-to-image recipe re-executes itself under ISA_ENV (torch reads it at start-up): the child
+    sees the AVX2 kernels and the manifest fields say so; an unpinned process records ``isa: None``."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from bench.recipes import tiny_t2i
+    assert tiny_t2i.ISA == "avx2"
+    code = "import json; from bench.recipes.tiny_t2i import _numerics; print(json.dumps(_numerics(1)))"
+    env = {k: v for k, v in os.environ.items() if k not in train.ISA_ENV["avx2"]}
+    pinned = json.loads(subprocess.run([sys.executable, "-c", code], env={**env, **train.ISA_ENV["avx2"]},
+                                       check=True, capture_output=True, text=True).stdout)
+    assert pinned["isa"] == "avx2" and pinned["isa_env"] == train.ISA_ENV["avx2"] and pinned["cpu_capability"] == "AVX2"
+    native = json.loads(subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
+                                       text=True).stdout)
+    assert native["isa"] is None and "isa_env" not in native
+    # a bad stage is refused before any child process is started
+    with pytest.raises(SystemExit):
+        tiny_t2i.main(["--stages", "bsq,vqvae"])

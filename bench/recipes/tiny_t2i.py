@@ -261,15 +261,15 @@ def main(argv=None) -> int:
                    help=f"train with this machine's own SIMD kernels instead of the recipe's {ISA} pin "
                         "(the files then reproduce only on machines of the same SIMD level)")
     a = p.parse_args(argv)
+    stages = [s.strip() for s in a.stages.split(",") if s.strip()]
+    bad = [s for s in stages if s not in STAGES]
+    if bad:
+        p.error(f"unknown stage(s) {bad}; choose from {', '.join(STAGES)}")
     if not a.no_isa_pin and not isa_pinned(ISA):
         # the pin must be in the environment before torch starts: run the same command in a child
         args = sys.argv[1:] if argv is None else list(argv)
         return subprocess.run([sys.executable, "-m", "bench.recipes.tiny_t2i", *args],
                               env={**os.environ, **ISA_ENV[ISA]}).returncode
-    stages = [s.strip() for s in a.stages.split(",") if s.strip()]
-    bad = [s for s in stages if s not in STAGES]
-    if bad:
-        p.error(f"unknown stage(s) {bad}; choose from {', '.join(STAGES)}")
     run(Path(a.out), stages, progress=not a.no_progress)
     return 0
 
