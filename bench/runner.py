@@ -106,17 +106,21 @@ def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: 
 
     labels = bench.labels(spec.n)
     t = time.perf_counter()
-    if shard.active():                  # torchrun: each rank makes its batches, rank 0 scores them
+    if shard.active():                  # torchrun: each rank makes its batches
         images, shard_cost = shard.sample(gen, bench, labels, spec, path, progress)
-        if images is None:
-            return shard.wait_for_record(spec, root)
     else:
         images, shard_cost = sample(gen, bench, labels, spec.seed, spec.sampling, progress,
                                     desc=f"sample {spec.label()}"), {}
     timings["sample_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    metrics = bench.evaluate(images, labels, seed=spec.seed, progress=progress)
+    if shard.active():                  # ... and its feature chunks; rank 0 scores them
+        metrics, more = shard.evaluate(bench, images, labels, spec, path, progress)
+        if metrics is None:
+            return shard.wait_for_record(spec, root)
+        shard_cost.update(more)
+    else:
+        metrics = bench.evaluate(images, labels, seed=spec.seed, progress=progress)
     timings["metrics_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t0
 

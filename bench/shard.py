@@ -9,20 +9,25 @@ bit-identical to the single-process run's, whatever N is, and the merged set is 
 
 One file per batch, ``<record path without .json>.shards/batch-<b>.npz``, written atomically
 (``bench.io.atomic_write_bytes``): a file that exists is complete. It holds the run key, the batch
-index, its sample indices, labels and seed, and the uint8 images (what the bench's ``evaluate``
-needs). After every rank has written its batches (barrier), rank 0 checks and merges them in batch
-order, scores them with the bench's ``evaluate`` and writes the one record, as a single-process run
-would (plus ``cost.sample_ranks`` and ``cost.shard_batches_reused``), then removes the folder;
-the other ranks wait for the record and return it, so that several runs in one launch (a sweep, a
-table) stay in step.
+index, its sample indices, labels and seed, and the uint8 images. After every rank has written its
+batches (barrier), every rank checks and merges them in batch order; the features are then dealt
+(below) and rank 0 scores them and writes the one record, as a single-process run would (plus
+``cost.sample_ranks``, ``cost.shard_batches_reused`` and ``cost.shard_feature_chunks_reused``), then
+removes the folder; the other ranks wait for the record and return it, so that several runs in one
+launch (a sweep, a table) stay in step.
 
 Resume: a run interrupted on any number of ranks is restarted with the same command (any N): every
 rank lists the batches whose files exist and hold this run's key, and the batches still missing are
 dealt round-robin over the ranks. Finished batches are never generated again.
 
-Feature extraction stays on rank 0, inside the bench's ``evaluate``: benches take images, not
-features, and a feature network's output for one image can depend on the batch it is computed in
-(kernel choice per batch shape), which would break the exact equality with a single-process run.
+Feature extraction is dealt the same way, on whole *feature chunks*. A feature network's output for
+one image can depend on the batch it is computed in (kernel choice per batch shape), so the unit is
+the bench's ``feature_chunk`` (``bench.benches.base``): a multiple of every batch size its networks
+use, aligned at 0, so each image meets exactly the batch it meets in a single pass over all images.
+After sampling every rank reads the merged images, rank ``r`` extracts chunks ``r, r+N, …`` and
+writes each to ``features-<j>.npz`` (atomically, with the run key; resumed like the batches); rank 0
+merges the rows in order and calls the bench's ``score``. A bench with ``feature_chunk = 0`` is
+scored by rank 0 alone with its ``evaluate``.
 
 Only a torchrun launch (``WORLD_SIZE`` > 1 in the environment) initialises a process group: NCCL
 when the run's device is CUDA (rank's GPU: ``cuda:$LOCAL_RANK``), gloo on the CPU. A plain
@@ -113,6 +118,10 @@ def batch_path(folder: Path, b: int) -> Path:
     return Path(folder) / f"batch-{b:06d}.npz"
 
 
+def features_path(folder: Path, j: int) -> Path:
+    return Path(folder) / f"features-{j:06d}.npz"
+
+
 def n_batches(n: int, batch_size: int) -> int:
     return -(-n // batch_size)
 
@@ -136,9 +145,9 @@ def _key_of(path: Path) -> Optional[str]:
         return None
 
 
-def finished(folder: Path, key: str, total: int) -> Set[int]:
-    """Batches whose shard file exists and holds run ``key``."""
-    return {b for b in range(total) if batch_path(folder, b).is_file() and _key_of(batch_path(folder, b)) == key}
+def finished(folder: Path, key: str, total: int, path=batch_path) -> Set[int]:
+    """Batches (or feature chunks, ``path=features_path``) whose shard file exists and holds run ``key``."""
+    return {b for b in range(total) if path(folder, b).is_file() and _key_of(path(folder, b)) == key}
 
 
 def assign(total: int, done: Set[int], rank_: int, world: int) -> List[int]:
@@ -189,9 +198,9 @@ def merge(folder: Path, key: str, labels: torch.Tensor, bench, seed: int) -> tor
 
 
 def sample(gen, bench, labels: torch.Tensor, spec, record_path, progress: bool = True
-           ) -> Tuple[Optional[torch.Tensor], Dict[str, object]]:
-    """Sharded sampling of one run. Rank 0 gets (all images in sample order, cost entries); the
-    other ranks get (None, {}) and then call :func:`wait_for_record`."""
+           ) -> Tuple[torch.Tensor, Dict[str, object]]:
+    """Sharded sampling of one run: every rank gets (all images in sample order, cost entries; only
+    rank 0's are recorded) and then calls :func:`evaluate`."""
     folder, key, world, me = shard_dir(record_path), spec.key(), world_size(), rank()
     total = n_batches(len(labels), bench.batch_size)
     folder.mkdir(parents=True, exist_ok=True)
@@ -201,8 +210,6 @@ def sample(gen, bench, labels: torch.Tensor, spec, record_path, progress: bool =
     generate(gen, bench, labels, spec.seed, spec.sampling, folder, key, assign(total, done, me, world),
              progress=progress and me == 0)
     _barrier()                          # every batch is on disk
-    if me != 0:
-        return None, {}
     seconds = time.perf_counter() - t
     made = len(labels) - sum(min(bench.batch_size, len(labels) - b * bench.batch_size) for b in done)
     cost = {"sample_ranks": world, "shard_batches_reused": len(done),
@@ -210,6 +217,49 @@ def sample(gen, bench, labels: torch.Tensor, spec, record_path, progress: bool =
             "images_per_s": made / seconds if made else None,
             "latency_ms_per_image": 1000 * seconds / made if made else None}
     return merge(folder, key, labels, bench, spec.seed), cost
+
+
+def write_features(folder: Path, key: str, j: int, rows: Dict[str, torch.Tensor]) -> Path:
+    """Feature chunk ``j``'s rows, atomically, with the run key (resume) and the chunk index."""
+    buf = io.BytesIO()
+    np.savez(buf, key=np.array(key), chunk=np.array(j), **{f"row_{k}": v.cpu().numpy() for k, v in rows.items()})
+    return atomic_write_bytes(features_path(folder, j), buf.getvalue())
+
+
+def merge_features(folder: Path, key: str, total: int) -> Dict[str, torch.Tensor]:
+    """Every chunk's rows concatenated in chunk order (= sample order), each file checked."""
+    parts: Dict[str, list] = {}
+    for j in range(total):
+        path = features_path(folder, j)
+        if not path.is_file():
+            raise ShardError(f"{path} is missing after every rank finished; rerun the same command to make it")
+        with np.load(path) as f:
+            if str(f["key"]) != key or int(f["chunk"]) != j:
+                raise ShardError(f"{path} does not belong to chunk {j} of run {key}; delete {folder} and rerun")
+            for name in f.files:
+                if name.startswith("row_"):
+                    parts.setdefault(name[4:], []).append(torch.from_numpy(f[name]))
+    return {k: torch.cat(v) for k, v in parts.items()}
+
+
+def evaluate(bench, images: torch.Tensor, labels: torch.Tensor, spec, record_path, progress: bool = True
+             ) -> Tuple[Optional[Dict[str, dict]], Dict[str, object]]:
+    """The run's metrics on rank 0 ((None, {}) on the others): feature chunks dealt over the ranks, then
+    scored by rank 0 (module docstring); a bench without ``feature_chunk`` is evaluated by rank 0 alone."""
+    C, me = int(getattr(bench, "feature_chunk", 0) or 0), rank()
+    if C <= 0:
+        return (bench.evaluate(images, labels, seed=spec.seed, progress=progress), {}) if me == 0 else (None, {})
+    folder, key = shard_dir(record_path), spec.key()
+    total = n_batches(len(images), C)
+    done = finished(folder, key, total, features_path)
+    _barrier()                          # every rank listed the finished chunks before any writes
+    for j in tqdm(assign(total, done, me, world_size()), desc=f"features (rank {me})", disable=not progress or me):
+        write_features(folder, key, j, bench.features(images[j * C:(j + 1) * C]))
+    _barrier()                          # every chunk is on disk
+    if me != 0:
+        return None, {}
+    return (bench.score(merge_features(folder, key, total), labels, seed=spec.seed, progress=progress),
+            {"shard_feature_chunks_reused": len(done)})
 
 
 def finish(record_path) -> None:

@@ -416,6 +416,19 @@ def test_evaluate_adm_on_a_synthetic_reference(tmp_path, monkeypatch):
     assert isc > 1.5 and res["is"]["value"] == pytest.approx(isc, rel=1e-5)
     assert all(m["n"] == 12 and m["stderr"] is None for m in res.values())
 
+    # the bench in two steps (features of 64-image chunks, then scores: what the ranks of a sharded
+    # run do) gives the one-step numbers, every value and stderr
+    from bench.benches.imagenet256 import ImageNet256
+    monkeypatch.setenv("VARBENCH_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(paper, "resolve_inception_weights", lambda path=None: weights)
+    bench = ImageNet256()
+    assert bench.feature_chunk == 64
+    one = paper.evaluate_adm(fake_imgs, tmp_path / paper.ADM_REFERENCE_FILENAME, weights_path=weights,
+                             bootstrap=bench.bootstrap)
+    two = bench.score(bench.features(fake_imgs), torch.zeros(12), seed=0)
+    assert two == bench.evaluate(fake_imgs, torch.zeros(12)) and set(two) == set(one)
+    assert all(two[k]["value"] == one[k]["value"] and two[k]["stderr"] == one[k]["stderr"] for k in one)
+
 
 def test_evaluate_adm_protocol_settings(tmp_path, monkeypatch):
     """IS on consecutive chunks of 5000 (no shuffle), KID subsets of 1000, P/R with k = 3, Inception."""

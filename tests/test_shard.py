@@ -1,5 +1,6 @@
-"""Sharded runs (bench/shard.py): the merged images are the single-process run's, bit for bit, for
-any number of ranks; an interrupted run resumes without making finished batches again; and a real
+"""Sharded runs (bench/shard.py): the merged images (and feature rows) are the single-process run's,
+bit for bit, for any number of ranks; an interrupted run resumes without making finished batches
+or feature chunks again; and a real
 2-rank torchrun (gloo, CPU) writes the record a 1-process run writes, metrics equal exactly."""
 import os
 import subprocess
@@ -97,6 +98,53 @@ def test_merge_refuses_a_shard_of_another_run_or_a_missing_one(tmp_path):
         assert f["indices"].tolist() == list(range(50)) and str(f["key"]) == KEY
 
 
+class BatchSensitiveBench:
+    """Rows that depend on the batch they are computed in (batches of 2, as a network's kernels may):
+    only chunks aligned at multiples of 2 reproduce one pass over all images."""
+    feature_chunk = 4
+
+    def features(self, images, progress=False):
+        x = images.float().mean((1, 2, 3))
+        return {"features": torch.cat([b + 1e-3 * b.mean() for b in x.split(2)]).unsqueeze(1)}
+
+    def score(self, feats, labels, seed=0, progress=True):
+        return feats                                   # the merged rows themselves, to compare
+
+
+class Spec:
+    seed = 0
+
+    @staticmethod
+    def key():
+        return KEY
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_feature_chunks_dealt_over_ranks_equal_one_pass(tmp_path, monkeypatch, world):
+    bench, record = BatchSensitiveBench(), tmp_path / f"{KEY}.json"
+    images = torch.randint(0, 256, (11, 3, 2, 2), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    one = bench.features(images)
+    monkeypatch.setattr(shard, "_barrier", lambda: None)
+    monkeypatch.setattr(shard, "world_size", lambda: world)
+    # chunk 1 of an earlier, interrupted launch is on disk: it is kept, not made again
+    shard.shard_dir(record).mkdir()
+    shard.write_features(shard.shard_dir(record), KEY, 1, bench.features(images[4:8]))
+    kept = os.stat(shard.features_path(shard.shard_dir(record), 1))
+    listed = shard.finished(shard.shard_dir(record), KEY, 3, shard.features_path)
+    assert listed == {1}
+    monkeypatch.setattr(shard, "finished", lambda *a, **k: set(listed))     # what every rank listed
+    for r in reversed(range(world)):                   # rank 0 last: it merges after the others wrote
+        monkeypatch.setattr(shard, "rank", lambda r=r: r)
+        merged, cost = shard.evaluate(bench, images, torch.zeros(11), Spec, record, progress=False)
+        assert (merged is None) == (r != 0)
+    assert cost == {"shard_feature_chunks_reused": 1}
+    assert torch.equal(merged["features"], one["features"])         # same rows, same order
+    now = os.stat(shard.features_path(shard.shard_dir(record), 1))
+    assert (now.st_ino, now.st_mtime_ns) == (kept.st_ino, kept.st_mtime_ns)
+    # the alignment is what makes it exact: chunks of 3 cut the batches of 2 and change the rows
+    assert not torch.equal(torch.cat([bench.features(c)["features"] for c in images.split(3)]), one["features"])
+
+
 def test_a_plain_process_is_not_sharded(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert not shard.active() and shard.rank() == 0 and shard.setup("cpu") == "cpu"
@@ -110,7 +158,7 @@ def test_a_plain_process_is_not_sharded(monkeypatch):
 
 needs_tiny = pytest.mark.skipif(not (ASSETS / "tiny_var.safetensors").is_file(),
                                 reason="tiny-world checkpoints not built (make tiny-models)")
-N = 60                                                 # 2 batches: rank 0 makes batch 0, rank 1 batch 1
+N = 300     # 6 batches (rank 0: 0, 2, 4; rank 1: 1, 3, 5) and 2 feature chunks of 256 (rank 0: 0; rank 1: 1)
 
 
 def torchrun(results, cwd):
@@ -137,6 +185,7 @@ def test_two_torchrun_ranks_write_the_one_process_record_and_resume(tmp_path):
     assert two["metrics"] == one["metrics"]                        # exactly, every value and stderr
     assert {k: two["cost"][k] for k in ("params", "flops")} == {k: one["cost"][k] for k in ("params", "flops")}
     assert two["cost"]["sample_ranks"] == 2 and two["cost"]["shard_batches_reused"] == 0
+    assert two["cost"]["shard_feature_chunks_reused"] == 0
     assert not shard.shard_dir(spec.path(tmp_path / "two")).exists()
 
     # interrupted after rank 1 wrote batch 1: the relaunch makes batch 0 only

@@ -63,9 +63,27 @@ class Bench:
     def preflight(self) -> None:
         """Raise now (before any sampling) if a file ``evaluate`` will need is missing."""
 
+    # Scoring in two steps, so that a sharded run (bench.shard) can deal feature extraction over its
+    # ranks: ``features`` maps images to per-image rows (the features and logits the metrics need),
+    # ``score`` turns every row into metrics. ``feature_chunk`` > 0 promises that ``features`` of the
+    # chunks [j·C, (j+1)·C) concatenated equals ``features`` of all images bit for bit (its network
+    # batches are aligned at multiples of C, so every image meets the same batch either way);
+    # 0: the bench scores images in one step (``evaluate`` only) and nothing is dealt.
+    feature_chunk: int = 0
+
+    def features(self, images_uint8: "torch.Tensor", progress: bool = False) -> Dict[str, "torch.Tensor"]:
+        """Per-image rows {name: Tensor[N, …]} of these images (see ``feature_chunk``)."""
+        raise NotImplementedError(f"{self.name} scores images in one step (feature_chunk = 0)")
+
+    def score(self, feats: Dict[str, "torch.Tensor"], labels: "torch.Tensor", seed: int = 0,
+              progress: bool = True) -> Dict[str, dict]:
+        """Metrics from the rows ``features`` gave for all n images, in sample order."""
+        raise NotImplementedError(f"{self.name} scores images in one step (feature_chunk = 0)")
+
     def evaluate(self, images_uint8: "torch.Tensor", labels: "torch.Tensor", seed: int = 0,
                  progress: bool = True) -> Dict[str, dict]:
-        raise NotImplementedError
+        """Metrics of the n images (sample order): ``score(features(images))`` by default."""
+        return self.score(self.features(images_uint8, progress), labels, seed=seed, progress=progress)
 
     def data(self, n: int, split: str, vae) -> Tuple["torch.Tensor", List["torch.Tensor"]]:
         """(labels [n], token pyramid) of n images of ``split`` ("train" or "calib"), tokenised by

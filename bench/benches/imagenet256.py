@@ -43,9 +43,15 @@ class ImageNet256(Bench):
         resolve_inception_weights()
         resolve_adm_reference()
 
-    def evaluate(self, images_uint8, labels, seed=0, progress=True) -> Dict[str, dict]:
+    feature_chunk = 64   # Inception batches of 64 (evaluate_adm's batch size)
+
+    def features(self, images_uint8, progress=False):
+        from bench.metrics.paper import extract_inception_features
+        return extract_inception_features(images_uint8, batch_size=64, progress=progress)
+
+    def score(self, feats, labels, seed=0, progress=True) -> Dict[str, dict]:
         from bench.metrics.paper import evaluate_adm
-        return evaluate_adm(images_uint8, bootstrap=self.bootstrap, seed=seed, progress=progress)
+        return evaluate_adm(feats, bootstrap=self.bootstrap, seed=seed, batch_size=64, progress=progress)
 
     def data(self, n: int, split: str, vae):
         """(labels, token pyramid) of n ImageNet images taken at a uniform stride over the folder

@@ -71,18 +71,29 @@ class ShapesC2I(Bench):
             raise FileNotFoundError(f"feature network {self.feature_weights} not found: restore assets/tiny "
                                     f"(git checkout -- assets/tiny) or rebuild it with `make tiny-models`")
 
-    def evaluate(self, images_uint8, labels, seed=0, progress=True) -> Dict[str, dict]:
+    # features: torch-fidelity's extractor in batches of 64, the CNN's class logits in batches of 256;
+    # chunks of 256 (a multiple of both) give every image the same batch as one pass over all of them
+    feature_chunk = 256
+
+    def features(self, images_uint8, progress=False):
         import torch
 
         from bench.metrics.features import load_feature_cnn
-        from bench.metrics.fidelity import evaluate
-        metrics = evaluate(images_uint8, _reference_features(self.feature_weights), bootstrap=self.bootstrap,
-                           seed=seed, progress=progress, weights_path=self.feature_weights,
-                           kid_subset_size=min(1000, len(images_uint8)), bootstrap_metrics=self.bootstrap_metrics)
+        from bench.metrics.fidelity import extract_features
+        fs = extract_features(images_uint8, weights_path=self.feature_weights, batch_size=64, progress=progress)
         cnn = load_feature_cnn(self.feature_weights).eval()
         with torch.no_grad():
-            pred = torch.cat([cnn.logits(images_uint8[i:i + 256]).argmax(1) for i in range(0, len(images_uint8), 256)])
-        hit = (pred == labels).float()
+            cls = torch.cat([cnn.logits(images_uint8[i:i + 256]) for i in range(0, len(images_uint8), 256)])
+        return {"features": fs["features"], "logits": fs["logits"], "class_logits": cls}
+
+    def score(self, feats, labels, seed=0, progress=True) -> Dict[str, dict]:
+        from bench.metrics.fidelity import evaluate
+        n = len(feats["features"])
+        metrics = evaluate({"features": feats["features"], "logits": feats["logits"]},
+                           _reference_features(self.feature_weights), bootstrap=self.bootstrap, seed=seed,
+                           progress=progress, weights_path=self.feature_weights,
+                           kid_subset_size=min(1000, n), bootstrap_metrics=self.bootstrap_metrics)
+        hit = (feats["class_logits"].argmax(1) == labels).float()
         metrics["class_acc"] = {"value": hit.mean().item(), "stderr": (hit.std() / len(hit) ** 0.5).item(),
                                 "n": len(hit), "higher_is_better": True,
                                 "error": "binomial standard error over samples"}

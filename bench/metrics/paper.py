@@ -147,14 +147,15 @@ def evaluate_adm(fake_uint8: torch.Tensor, reference=None, metrics: Iterable[str
                  progress: bool = False) -> Dict[str, Dict[str, Any]]:
     """ImageNet-256 metrics in the ADM protocol.
 
-    ``reference``: the npz path (default ``$VARBENCH_DATA_DIR/VIRTUAL_imagenet256_labeled.npz``) or
+    ``fake``: uint8 images, or their :func:`extract_inception_features` (computed elsewhere, e.g. by
+    the ranks of a sharded run). ``reference``: the npz path (default ``$VARBENCH_DATA_DIR/VIRTUAL_imagenet256_labeled.npz``) or
     a feature set from :func:`adm_reference_features` (extract it once, reuse it across runs).
     IS uses consecutive chunks of 5000 generated samples without shuffling, like ADM.
     """
     ref_fs = reference if isinstance(reference, dict) else adm_reference_features(
         reference, weights_path, batch_size, device, progress)
     weights = resolve_inception_weights(weights_path)
-    n = len(fake_uint8)
+    n = len(fake_uint8["features"] if isinstance(fake_uint8, dict) else fake_uint8)
     return evaluate(fake_uint8, ref_fs, metrics, bootstrap, seed, extractor=INCEPTION_EXTRACTOR,
                     weights_path=weights, batch_size=batch_size, device=device,
                     isc_splits=max(1, n // ADM_IS_SPLIT_SIZE), isc_shuffle=False, kid_subset_size=1000,
