@@ -198,3 +198,58 @@ def test_two_torchrun_ranks_write_the_one_process_record_and_resume(tmp_path):
     resumed = read_record(spec.path(root))
     assert resumed["cost"]["shard_batches_reused"] == 1
     assert resumed["metrics"] == one["metrics"] and resumed["run_id"] == one["run_id"]
+
+
+def _descendants(pid: int) -> list:
+    """Every process below ``pid`` (from /proc: children's parent ids), deepest last."""
+    parents = {}
+    for stat in os.listdir("/proc"):
+        if stat.isdigit():
+            try:
+                fields = open(f"/proc/{stat}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents.setdefault(int(fields[1]), []).append(int(stat))
+    out, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+@needs_tiny
+@pytest.mark.slow
+def test_a_killed_torchrun_launch_resumes_from_its_finished_shards(tmp_path):
+    """A real interruption: the launch is killed (SIGKILL to every process) as soon as its first
+    batch is on disk; the same command then finishes without making the finished batches again,
+    and the record is the uninterrupted one's."""
+    import signal
+    import time
+
+    spec = make_spec("tiny-var", [], n=N)
+    root = tmp_path / "killed"
+    folder = shard.shard_dir(spec.path(root))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "bench", "--", "run", "--model", "tiny-var", "--n", str(N), "--results", str(root), "--quiet"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not list(folder.glob("batch-*.npz")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    for pid in [proc.pid, *_descendants(proc.pid)]:  # torchrun's workers run in sessions of their own
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    time.sleep(0.5)
+    survivors = {p.name: os.stat(p) for p in folder.glob("batch-*.npz")}
+    assert 1 <= len(survivors) < shard.n_batches(N, 50), "the launch was not killed mid-way"
+    assert not spec.path(root).exists()
+
+    torchrun(root, tmp_path)
+    resumed = read_record(spec.path(root))
+    assert resumed["cost"]["shard_batches_reused"] == len(survivors)
+    one = run(spec, root=tmp_path / "one", progress=False)
+    assert resumed["metrics"] == one["metrics"] and resumed["run_id"] == one["run_id"]
