@@ -28,11 +28,16 @@ row.
 
 Columns
 -------
-``#`` (rank), Model, Methods, Setting (only when some row has one), n, Seeds, then the bench's
-quality metrics in the order the bench declares them (``Bench.metrics``), then the costs
-``COSTS`` (params, FLOPs, sampling ms per image) read from each record's ``cost`` block. Header,
-direction arrow (↓ lower is better, ↑ higher is better) and number format come from the metric
-catalog (``bench.metrics.catalog``). A column without a single value in the bench is left out.
+``#`` (rank), Model, Methods (the chain as requested, e.g. ``magnitude:sparsity=0.4 + ft``; the
+resolved chain with every default is the row's identity, in the JSON and as the HTML cell's
+tooltip), Setting (only when some row has one), n, Seeds, then the bench's quality metrics in the
+order the bench declares them (``Bench.metrics``), then the costs ``COSTS`` (params, FLOPs) read from
+each record's ``cost`` block, then Latency (ms): the ``latency`` bench's median for the same model
+and resolved chain, at the setting most latency records share (named in the caption). A run's own
+sampling time is not shown: it is measured under whatever else the machine was doing, while the
+latency bench times generations under a fixed protocol. Header, direction arrow (↓ lower is better,
+↑ higher is better) and number format come from the metric catalog (``bench.metrics.catalog``). A
+column without a single value in the bench is left out.
 
 Sort rule
 ---------
@@ -76,7 +81,9 @@ from bench.render import ARROWS, _env, _tex_escape
 from bench.resources import resource_dir, tables_out_dir
 
 FORMATS = ("md", "tex", "html", "json")
-COSTS = ("params", "flops", "latency_ms_per_image")     # read from a record's ``cost`` block
+COSTS = ("params", "flops")                             # read from a record's ``cost`` block
+LATENCY, TIMING_BENCH = "latency_ms", "latency"         # the latency column of the quality tables: joined
+                                                        # from the latency bench's records (module docstring)
 STDERR = ".stderr"                                       # frame column suffix of a metric's error bar
 BEST_FIRST = {"lower": "ascending", "higher": "descending", None: "ascending"}
 
@@ -119,6 +126,7 @@ def records_frame(records: Mapping[str, Mapping[str, Any]], ckpt_dir: Optional[s
         st = staleness(rec, ckpt_dir=ckpt_dir)
         row = {"path": str(path), "run_id": rec["run_id"], "world": s["world"], "model": s["model"],
                "bench": s["bench"], "methods": " + ".join(s["methods"]) or "dense", "methods_list": list(s["methods"]),
+               "label": " + ".join((s.get("requested") or {}).get("methods") or s["methods"]) or "dense",
                "setting": "" if st.stale else _setting(s), "n": s["n"], "seed": s["seed"],
                "group": RunSpec.from_dict(s).key(ignore=("seed",)), "created": rec["created"],
                "git_commit": (rec.get("env") or {}).get("git_commit") or "unknown",
@@ -142,6 +150,7 @@ def _aggregate(records: pd.DataFrame, measures: Sequence[str]) -> List[Dict[str,
     for _, sub in records.groupby("group", sort=False):
         first = sub.iloc[0]
         entry = {"model": first["model"], "methods": list(first["methods_list"]), "chain": first["methods"],
+                 "label": first["label"],
                  "setting": first["setting"], "n": int(first["n"]), "seeds": sorted(int(s) for s in sub["seed"]),
                  "run_ids": sorted(sub["run_id"]), "values": {}}
         for m in measures:
@@ -234,7 +243,8 @@ def _caption(bench: str, metric: Optional[str], requested: Optional[str], n_rows
     return text
 
 
-def _columns(bench_metrics: Sequence[str], present: Sequence[str], with_setting: bool) -> List[Dict[str, Any]]:
+def _columns(bench_metrics: Sequence[str], present: Sequence[str], with_setting: bool,
+             extra: Sequence[str] = ()) -> List[Dict[str, Any]]:
     def text(id, header, type="text"):
         return {"id": id, "header": header, "arrow": "", "type": type, "best": "ascending",
                 "description": "", "align": "r" if type == "num" else "l"}
@@ -242,7 +252,7 @@ def _columns(bench_metrics: Sequence[str], present: Sequence[str], with_setting:
     if with_setting:
         cols.append(text("setting", "Setting"))
     cols += [text("n", "n", "num"), text("seeds", "Seeds")]
-    for m in [*bench_metrics, *[c for c in COSTS if c not in bench_metrics]]:
+    for m in [*bench_metrics, *[c for c in (*COSTS, *extra) if c not in bench_metrics]]:
         if m in present:
             info = METRICS.get(m)
             cols.append({"id": m, "header": info.header, "arrow": ARROWS[info.better], "type": "num",
@@ -251,21 +261,47 @@ def _columns(bench_metrics: Sequence[str], present: Sequence[str], with_setting:
     return cols
 
 
-def _bench_table(bench: str, current: pd.DataFrame, n_stale: int, sort: Optional[str]) -> Dict[str, Any]:
+def _latency_join(rows: List[Dict[str, Any]], timing: pd.DataFrame) -> Optional[str]:
+    """Add the latency bench's median (``LATENCY``) to the quality rows of the same model and resolved
+    chain, for one setting: the one most latency records share (ties: the first in sort order).
+    Returns that setting's text, or None when nothing joined."""
+    if timing.empty:
+        return None
+    counts = timing.groupby("setting").size()
+    setting = sorted(counts.index, key=lambda k: (-counts[k], k))[0]
+    by_chain = {key: entry for entry in _aggregate(timing[timing["setting"] == setting], [LATENCY])
+                for key in [(entry["model"], entry["chain"])] if LATENCY in entry["values"]}
+    joined = False
+    for r in rows:
+        hit = by_chain.get((r["model"], r["chain"]))
+        if hit is not None:
+            r["values"][LATENCY] = {**hit["values"][LATENCY], "k": len(r["seeds"])}
+            joined = True
+    return setting if joined else None
+
+
+def _bench_table(bench: str, current: pd.DataFrame, n_stale: int, sort: Optional[str],
+                 timing: Optional[pd.DataFrame] = None) -> Dict[str, Any]:
     declared = tuple(BENCHES.get(bench).metrics)
     measures = [*declared, *[c for c in COSTS if c not in declared]]
     rows = _aggregate(current, measures)
+    latency_setting = None
+    if bench != TIMING_BENCH and timing is not None:
+        latency_setting = _latency_join(rows, timing)
+        if latency_setting is not None:
+            measures.append(LATENCY)
     present = [m for m in measures if any(m in r["values"] for r in rows)]
     metric = sort if sort in present else _primary(declared, present)
     _sort(rows, metric)
-    cols = _columns(declared, present, with_setting=any(r["setting"] for r in rows))
+    cols = _columns(declared, present, with_setting=any(r["setting"] for r in rows),
+                    extra=(LATENCY,) if latency_setting is not None else ())
     for c in cols:   # the HTML header's aria-sort: which column the page opens sorted by
         c["sorted"] = c["best"] if c["id"] == metric else "none"
     partial = False
     for r in rows:
         cells = {"rank": {"text": "" if r["rank"] is None else str(r["rank"]), "sort": r["rank"]},
                  "model": {"text": r["model"], "sort": r["model"]},
-                 "methods": {"text": r["chain"], "sort": r["chain"]},
+                 "methods": {"text": r["label"], "sort": r["label"], "title": r["chain"]},
                  "setting": {"text": r["setting"], "sort": r["setting"]},
                  "n": {"text": str(r["n"]), "sort": r["n"]},
                  "seeds": {"text": ", ".join(map(str, r["seeds"])), "sort": ", ".join(map(str, r["seeds"]))}}
@@ -278,7 +314,9 @@ def _bench_table(bench: str, current: pd.DataFrame, n_stale: int, sort: Optional
         r["cells"] = [cells[c["id"]] for c in cols]
     return {"bench": bench, "sort": {"metric": metric, "requested": sort,
                                      "better": METRICS.get(metric).better if metric else None},
-            "caption": _caption(bench, metric, sort, len(rows), len(current), n_stale, partial),
+            "caption": _caption(bench, metric, sort, len(rows), len(current), n_stale, partial)
+            + (f" {METRICS.get(LATENCY).header}: the `{TIMING_BENCH}` bench's median for the same model and chain "
+               f"({latency_setting}; `varbench latency`), not the run's own sampling time." if latency_setting else ""),
             "columns": cols, "rows": rows, "records": len(current), "stale": n_stale,
             "git_commits": sorted(set(current["git_commit"])), "git_dirty": bool(current["git_dirty"].any())}
 
@@ -315,7 +353,7 @@ def build(records: Mapping[str, Mapping[str, Any]], world: str, sort: Optional[s
                             "caption": _caption(bench, None, None, 0, 0, n_stale, False), "sort": {},
                             "git_commits": [], "git_dirty": False})
             continue
-        benches.append(_bench_table(bench, cur, n_stale, sort))
+        benches.append(_bench_table(bench, cur, n_stale, sort, timing=current[current["bench"] == TIMING_BENCH]))
     if sort is not None and not any(b["sort"].get("metric") == sort for b in benches):
         raise LeaderboardError(f"--sort {sort}: no bench of the {world} world has {sort} values; columns: "
                                + "; ".join(f"{b['bench']}: " + ", ".join(c["id"] for c in b["columns"] if "format" in c)

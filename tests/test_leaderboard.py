@@ -21,6 +21,12 @@ DENSE = "dense"
 MAG4 = "magnitude:norm=l2,schedule=uniform,scope=coupled,sparsity=0.4"
 MAG2 = "magnitude:norm=l2,schedule=uniform,scope=coupled,sparsity=0.2"
 TAYLOR = "taylor:batch=16,n_calib=128,reduce=square-sum,schedule=uniform,sparsity=0.4"
+# what the Methods column shows: the chain as requested (the resolved chain above is the row's identity)
+LABEL = {DENSE: "dense", MAG4: "magnitude:sparsity=0.4", MAG2: "magnitude:sparsity=0.2", TAYLOR: "taylor:sparsity=0.4"}
+
+
+def labels(chains):
+    return [LABEL[c] for c in chains]
 
 
 def _write(root, chain, metrics, cost, n=120, seed=0, bench=None, bench_args=None):
@@ -136,12 +142,13 @@ def board(results, tmp_path_factory):
 def test_rows_follow_the_primary_metric_in_md_tex_html_and_json(board):
     order = [DENSE, DENSE, MAG2, MAG4, TAYLOR]          # FID 4.0 (n=240), 5.0, 11.0, 20.0, none
     md = md_tables(board["md"])["shapes-c2i"]
-    assert column(md, "Methods") == order and column(md, "n") == ["240", "120", "120", "120", "120"]
+    assert column(md, "Methods") == labels(order) and column(md, "n") == ["240", "120", "120", "120", "120"]
     assert column(md, "#") == ["1", "2", "3", "4", ""]                          # no FID: no rank
-    assert [m.replace("\\_", "_") for m in column(tex_tables(board["tex"])["shapes-c2i"], "Methods")] == order
+    assert [m.replace("\\_", "_") for m in column(tex_tables(board["tex"])["shapes-c2i"], "Methods")] == labels(order)
     h = html_tables(board["html"])["shapes-c2i"]
     i = [t for t, _ in h["head"]].index("Methods")
-    assert [r[i][0] for r in h["rows"]] == order
+    assert [r[i][0] for r in h["rows"]] == labels(order)
+    assert re.findall(r'<td class="txt chain"[^>]*title="([^"]*)"', board["html"])[-5:] == order   # tooltips
     j = json.loads(board["json"])
     assert [r["chain"] for r in j["benches"][1]["rows"]] == order and j["benches"][1]["sort"]["metric"] == "fid"
     assert "Sorted by FID ↓ (the bench's primary metric; lower is better, best first)" in board["md"]
@@ -186,11 +193,11 @@ def test_stale_records_are_left_out_and_counted(board):
 def test_sort_follows_the_metric_direction(results, tmp_path):
     out = leaderboard(results, tmp_path, "--sort", "is")                        # IS: higher is better
     md = md_tables(out["md"])["shapes-c2i"]
-    assert column(md, "Methods") == [MAG4, DENSE, MAG2, TAYLOR, DENSE]         # IS 10, 9, 8, 7, none (n=240)
+    assert column(md, "Methods") == labels([MAG4, DENSE, MAG2, TAYLOR, DENSE])  # IS 10, 9, 8, 7, none (n=240)
     assert column(md, "#") == ["1", "2", "3", "4", ""]
     assert "Sorted by IS ↑ (--sort; higher is better, best first)" in out["md"]
     lat = md_tables(out["md"])["latency"]                                        # no IS there: its primary metric
-    assert column(lat, "Methods") == [MAG4, DENSE] and "--sort is: latency has no is values" in out["md"]
+    assert column(lat, "Methods") == labels([MAG4, DENSE]) and "--sort is: latency has no is values" in out["md"]
     h = html_tables(out["html"])["shapes-c2i"]["head"]
     attrs = {t: a for t, a in h}
     assert (attrs["FID ↓"]["data-best"], attrs["IS ↑"]["data-best"]) == ("ascending", "descending")
@@ -202,9 +209,15 @@ def test_each_bench_has_its_table_metrics_and_setting(board):
     assert list(tables) == ["latency", "shapes-c2i"]
     header, rows = tables["latency"]
     assert header[:7] == ["#", "Model", "Methods", "Setting", "n", "Seeds", "Latency (ms) ↓"]
-    assert [r[2] for r in rows] == [MAG4, DENSE] and rows[1][6] == "30.0 ± 1.5"
+    assert [r[2] for r in rows] == labels([MAG4, DENSE]) and rows[1][6] == "30.0 ± 1.5"
     assert rows[0][3].startswith("device=cpu, batch=1, threads=2")
     assert "Setting" not in tables["shapes-c2i"][0] and "KID ↓" not in tables["shapes-c2i"][0]   # no KID recorded
+    # the quality table's latency: the latency bench's medians joined on model + resolved chain (dense: n=120
+    # and n=240 rows both), never a run's own sampling time; the caption names the setting
+    md = tables["shapes-c2i"]
+    assert column(md, "Latency (ms)") == ["30.0 ± 1.5", "30.0 ± 1.5", "", "20.0", ""]
+    assert "ms / image" not in board["md"]
+    assert "the `latency` bench's median for the same model and chain (device=cpu, batch=1, threads=2" in board["md"]
 
 
 def test_md_and_tex_rows_are_as_wide_as_their_header(board):
