@@ -433,25 +433,21 @@ def _cmd_leaderboard(args) -> int:
 def _cmd_runs(args) -> int:
     import pandas as pd
 
-    from bench.plan import staleness
+    from bench.leaderboard import records_frame
     from bench.resources import results_root
 
     root = results_root(args.results)
     if root.exists() and not root.is_dir():
         raise ValueError(f"--results {root} is a file, not a folder of records")
-    records = _records(root, args.world)
-    now = pd.Timestamp.now(tz="UTC")
-    rows = []
-    for path, rec in records.items():
-        s = rec["spec"]
-        st = staleness(rec, ckpt_dir=args.ckpt_dir)
-        req = (s.get("requested") or {}).get("methods") or s["methods"]
-        rows.append({"run_id": rec["run_id"], "world": s["world"], "model": s["model"], "bench": s["bench"],
-                     "methods": " + ".join(req) or "dense", "n": s["n"], "seed": s["seed"],
-                     **{k: round(v["value"], 4) for k, v in rec["metrics"].items() if k in ("fid", "is", "class_acc")},
-                     "age": _age((now - pd.Timestamp(rec["created"])).total_seconds()),
-                     "stale": st.stale, "why": st.reason, "path": path})
-    df = pd.DataFrame(rows)
+    full = records_frame(_records(root, args.world), ckpt_dir=args.ckpt_dir)   # the leaderboard's frame
+    df = pd.DataFrame()
+    if len(full):
+        now = pd.Timestamp.now(tz="UTC")
+        shown = [m for m in ("fid", "is", "class_acc") if m in full]
+        df = full[["run_id", "world", "model", "bench", "label", "n", "seed", *shown]].rename(columns={"label": "methods"})
+        df[shown] = df[shown].round(4)
+        df["age"] = [_age((now - pd.Timestamp(c)).total_seconds()) for c in full["created"]]
+        df[["stale", "why", "path"]] = full[["stale", "why", "path"]]
     if args.stale or args.prune_stale:
         df = df[df["stale"]] if len(df) else df
     if args.json:

@@ -106,8 +106,8 @@ def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: 
 
     labels = bench.labels(spec.n)
     t = time.perf_counter()
-    if shard.active():                  # torchrun: each rank makes its batches
-        images, shard_cost = shard.sample(gen, bench, labels, spec, path, progress)
+    if shard.active():                  # torchrun: each rank makes its batches (on disk, read back below)
+        images, shard_cost = None, shard.sample(gen, bench, labels, spec, path, progress)
     else:
         images, shard_cost = sample(gen, bench, labels, spec.seed, spec.sampling, progress,
                                     desc=f"sample {spec.label()}"), {}
@@ -115,7 +115,7 @@ def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: 
 
     t = time.perf_counter()
     if shard.active():                  # ... and its feature chunks; rank 0 scores them
-        metrics, more = shard.evaluate(bench, images, labels, spec, path, progress)
+        metrics, more = shard.evaluate(bench, labels, spec, path, progress)
         if metrics is None:
             return shard.wait_for_record(spec, root)
         shard_cost.update(more)

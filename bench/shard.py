@@ -10,8 +10,8 @@ bit-identical to the single-process run's, whatever N is, and the merged set is 
 One file per batch, ``<record path without .json>.shards/batch-<b>.npz``, written atomically
 (``bench.io.atomic_write_bytes``): a file that exists is complete. It holds the run key, the batch
 index, its sample indices, labels and seed, and the uint8 images. After every rank has written its
-batches (barrier), every rank checks and merges them in batch order; the features are then dealt
-(below) and rank 0 scores them and writes the one record, as a single-process run would (plus
+batches (barrier), the features are dealt (below): each rank reads and checks only the batch files
+its feature chunks cover, and rank 0 scores the rows and writes the one record, as a single-process run would (plus
 ``cost.sample_ranks``, ``cost.shard_batches_reused`` and ``cost.shard_feature_chunks_reused``), then
 removes the folder; the other ranks wait for the record and return it, so that several runs in one
 launch (a sweep, a table) stay in step.
@@ -24,8 +24,8 @@ Feature extraction is dealt the same way, on whole *feature chunks*. A feature n
 one image can depend on the batch it is computed in (kernel choice per batch shape), so the unit is
 the bench's ``feature_chunk`` (``bench.benches.base``): a multiple of every batch size its networks
 use, aligned at 0, so each image meets exactly the batch it meets in a single pass over all images.
-After sampling every rank reads the merged images, rank ``r`` extracts chunks ``r, r+N, …`` and
-writes each to ``features-<j>.npz`` (atomically, with the run key; resumed like the batches); rank 0
+After sampling, rank ``r`` extracts chunks ``r, r+N, …`` (reading only the batch files that hold
+them) and writes each to ``features-<j>.npz`` (atomically, with the run key; resumed like the batches); rank 0
 merges the rows in order and calls the bench's ``score``. A bench with ``feature_chunk = 0`` is
 scored by rank 0 alone with its ``evaluate``.
 
@@ -167,12 +167,12 @@ def generate(gen, bench, labels: torch.Tensor, seed: int, sampling: dict, folder
         write_batch(folder, key, b, B, lab, s, gen.generate(lab, seed=s, **sampling))
 
 
-def merge(folder: Path, key: str, labels: torch.Tensor, bench, seed: int) -> torch.Tensor:
-    """Every batch's images, in batch order (= sample order), after checking each file is the one
-    this run expects (its key, index, samples, labels and seed)."""
+def merge(folder: Path, key: str, labels: torch.Tensor, bench, seed: int, batches: Optional[range] = None) -> torch.Tensor:
+    """The images of ``batches`` (default: every batch), in batch order (= sample order), after checking
+    each file is the one this run expects (its key, index, samples, labels and seed)."""
     B = bench.batch_size
     out = []
-    for b in range(n_batches(len(labels), B)):
+    for b in (batches if batches is not None else range(n_batches(len(labels), B))):
         path = batch_path(folder, b)
         if not path.is_file():
             raise ShardError(f"{path} is missing after every rank finished; rerun the same command to make it")
@@ -197,10 +197,9 @@ def merge(folder: Path, key: str, labels: torch.Tensor, bench, seed: int) -> tor
 # the runner's hooks
 
 
-def sample(gen, bench, labels: torch.Tensor, spec, record_path, progress: bool = True
-           ) -> Tuple[torch.Tensor, Dict[str, object]]:
-    """Sharded sampling of one run: every rank gets (all images in sample order, cost entries; only
-    rank 0's are recorded) and then calls :func:`evaluate`."""
+def sample(gen, bench, labels: torch.Tensor, spec, record_path, progress: bool = True) -> Dict[str, object]:
+    """Sharded sampling of one run: every batch is on disk when it returns (the cost entries; only rank
+    0's are recorded); then every rank calls :func:`evaluate`."""
     folder, key, world, me = shard_dir(record_path), spec.key(), world_size(), rank()
     total = n_batches(len(labels), bench.batch_size)
     folder.mkdir(parents=True, exist_ok=True)
@@ -216,7 +215,14 @@ def sample(gen, bench, labels: torch.Tensor, spec, record_path, progress: bool =
             # throughput of what this launch generated (None: everything was reused; left out)
             "images_per_s": made / seconds if made else None,
             "latency_ms_per_image": 1000 * seconds / made if made else None}
-    return merge(folder, key, labels, bench, spec.seed), cost
+    return cost
+
+
+def _chunk_images(folder: Path, key: str, labels: torch.Tensor, bench, seed: int, lo: int, hi: int) -> torch.Tensor:
+    """Images lo … hi−1, read from the batch files that hold them (a rank reads only what it extracts)."""
+    B = bench.batch_size
+    b0 = lo // B
+    return merge(folder, key, labels, bench, seed, range(b0, (hi - 1) // B + 1))[lo - b0 * B:hi - b0 * B]
 
 
 def write_features(folder: Path, key: str, j: int, rows: Dict[str, torch.Tensor]) -> Path:
@@ -242,19 +248,24 @@ def merge_features(folder: Path, key: str, total: int) -> Dict[str, torch.Tensor
     return {k: torch.cat(v) for k, v in parts.items()}
 
 
-def evaluate(bench, images: torch.Tensor, labels: torch.Tensor, spec, record_path, progress: bool = True
+def evaluate(bench, labels: torch.Tensor, spec, record_path, progress: bool = True
              ) -> Tuple[Optional[Dict[str, dict]], Dict[str, object]]:
-    """The run's metrics on rank 0 ((None, {}) on the others): feature chunks dealt over the ranks, then
-    scored by rank 0 (module docstring); a bench without ``feature_chunk`` is evaluated by rank 0 alone."""
-    C, me = int(getattr(bench, "feature_chunk", 0) or 0), rank()
-    if C <= 0:
-        return (bench.evaluate(images, labels, seed=spec.seed, progress=progress), {}) if me == 0 else (None, {})
+    """The run's metrics on rank 0 ((None, {}) on the others): feature chunks dealt over the ranks, each
+    rank reading only the batch files its chunks need, then scored by rank 0 (module docstring); a
+    bench without ``feature_chunk`` is evaluated by rank 0 alone, on every image."""
+    C, me, n = int(getattr(bench, "feature_chunk", 0) or 0), rank(), len(labels)
     folder, key = shard_dir(record_path), spec.key()
-    total = n_batches(len(images), C)
+    if C <= 0:
+        if me != 0:
+            return None, {}
+        images = merge(folder, key, labels, bench, spec.seed)
+        return bench.evaluate(images, labels, seed=spec.seed, progress=progress), {}
+    total = n_batches(n, C)
     done = finished(folder, key, total, features_path)
     _barrier()                          # every rank listed the finished chunks before any writes
     for j in tqdm(assign(total, done, me, world_size()), desc=f"features (rank {me})", disable=not progress or me):
-        write_features(folder, key, j, bench.features(images[j * C:(j + 1) * C]))
+        images = _chunk_images(folder, key, labels, bench, spec.seed, j * C, min((j + 1) * C, n))
+        write_features(folder, key, j, bench.features(images))
     _barrier()                          # every chunk is on disk
     if me != 0:
         return None, {}

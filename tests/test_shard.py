@@ -100,8 +100,10 @@ def test_merge_refuses_a_shard_of_another_run_or_a_missing_one(tmp_path):
 
 class BatchSensitiveBench:
     """Rows that depend on the batch they are computed in (batches of 2, as a network's kernels may):
-    only chunks aligned at multiples of 2 reproduce one pass over all images."""
-    feature_chunk = 4
+    only chunks aligned at multiples of 2 reproduce one pass over all images. Sampling batches of 3, so
+    feature chunks (4) straddle the batch files."""
+    feature_chunk, batch_size = 4, 3
+    batch_seed = staticmethod(ShapesC2I.batch_seed)
 
     def features(self, images, progress=False):
         x = images.float().mean((1, 2, 3))
@@ -122,24 +124,31 @@ class Spec:
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_feature_chunks_dealt_over_ranks_equal_one_pass(tmp_path, monkeypatch, world):
     bench, record = BatchSensitiveBench(), tmp_path / f"{KEY}.json"
+    folder = shard.shard_dir(record)
     images = torch.randint(0, 256, (11, 3, 2, 2), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    labels = torch.zeros(11, dtype=torch.long)
+    for b in range(4):                                 # the sampled batches, as the ranks wrote them
+        shard.write_batch(folder, KEY, b, 3, labels[3 * b:3 * b + 3], bench.batch_seed(0, b), images[3 * b:3 * b + 3])
     one = bench.features(images)
     monkeypatch.setattr(shard, "_barrier", lambda: None)
     monkeypatch.setattr(shard, "world_size", lambda: world)
     # chunk 1 of an earlier, interrupted launch is on disk: it is kept, not made again
-    shard.shard_dir(record).mkdir()
-    shard.write_features(shard.shard_dir(record), KEY, 1, bench.features(images[4:8]))
-    kept = os.stat(shard.features_path(shard.shard_dir(record), 1))
-    listed = shard.finished(shard.shard_dir(record), KEY, 3, shard.features_path)
+    shard.write_features(folder, KEY, 1, bench.features(images[4:8]))
+    kept = os.stat(shard.features_path(folder, 1))
+    listed = shard.finished(folder, KEY, 3, shard.features_path)
     assert listed == {1}
     monkeypatch.setattr(shard, "finished", lambda *a, **k: set(listed))     # what every rank listed
+    read = []
+    real_merge = shard.merge
+    monkeypatch.setattr(shard, "merge", lambda *a, **k: read.append(list(k.get("batches") or a[5])) or real_merge(*a, **k))
     for r in reversed(range(world)):                   # rank 0 last: it merges after the others wrote
         monkeypatch.setattr(shard, "rank", lambda r=r: r)
-        merged, cost = shard.evaluate(bench, images, torch.zeros(11), Spec, record, progress=False)
+        merged, cost = shard.evaluate(bench, labels, Spec, record, progress=False)
         assert (merged is None) == (r != 0)
     assert cost == {"shard_feature_chunks_reused": 1}
     assert torch.equal(merged["features"], one["features"])         # same rows, same order
-    now = os.stat(shard.features_path(shard.shard_dir(record), 1))
+    assert sorted(read) == [[0, 1], [2, 3]]            # chunks 0 (images 0-3) and 2 (8-10): only their batches
+    now = os.stat(shard.features_path(folder, 1))
     assert (now.st_ino, now.st_mtime_ns) == (kept.st_ino, kept.st_mtime_ns)
     # the alignment is what makes it exact: chunks of 3 cut the batches of 2 and change the rows
     assert not torch.equal(torch.cat([bench.features(c)["features"] for c in images.split(3)]), one["features"])

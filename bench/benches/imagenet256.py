@@ -43,7 +43,9 @@ class ImageNet256(Bench):
         resolve_inception_weights()
         resolve_adm_reference()
 
-    feature_chunk = 64   # Inception batches of 64 (evaluate_adm's batch size)
+    # Inception runs in batches of 64 (evaluate_adm's batch size); a chunk of 16 such batches, because
+    # every chunk builds the network and reads its weights again (sharded runs, bench.shard)
+    feature_chunk = 1024
 
     def features(self, images_uint8, progress=False):
         from bench.metrics.paper import extract_inception_features
