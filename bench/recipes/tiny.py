@@ -60,12 +60,13 @@ from bench.tiny import configs
 # ``threads`` only selects the thread count a stage runs under (see ``pinned_threads``); the
 # training functions never read it.
 VAE_RECIPE = dict(seed=0, steps=1500, batch=64, lr=2e-3, warmup=100, pool=16384, restart_every=100, l1=0.5,
-                  threads=2)
-VAR_RECIPE = dict(seed=0, steps=3000, batch=64, lr=2e-3, wd=0.05, warmup=150, pool=24576, threads=2)
+                  threads=2, isa="avx2")
+VAR_RECIPE = dict(seed=0, steps=3000, batch=64, lr=2e-3, wd=0.05, warmup=150, pool=24576, threads=2, isa="avx2")
 CNN_RECIPE = dict(seed=0, epochs=6, batch=128, lr=2e-3, pool=12288, threads=1, isa="avx2")
 # The environment that pins every CPU library torch uses to one SIMD level (see the module docstring).
 ISA_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 EVAL_THREADS = 2  # the tiny-var quality measurement (sampling + metrics) runs under this count
+EVAL_ISA = "avx2"  # ... and SIMD level, so that the manifest's quality figures reproduce too
 VAE_VAL, CNN_VAL = 512, 2048  # held-out ``val`` images for the VQVAE's PSNR and the CNN's accuracy
 
 
@@ -251,36 +252,84 @@ def isa_pinned(isa: str) -> bool:
     return all(os.environ.get(k) == v for k, v in ISA_ENV[isa].items())
 
 
-def _cnn_stage(out: Path, recipe: dict, n_val: int, progress: bool) -> float:
+def _pins(isa: Optional[str]) -> dict:
+    """The manifest fields that say which SIMD pin a stage ran under (``isa: None``: the machine's own)."""
+    return {"isa": isa, "isa_env": ISA_ENV[isa]} if isa and isa_pinned(isa) else {"isa": None}
+
+
+def _vqvae_stage(out: Path, progress: bool) -> None:
+    recipe = VAE_RECIPE
+    with pinned_threads(recipe["threads"]) as threads:
+        t0 = time.time()
+        vae, info = train_vqvae(recipe, progress=progress)
+        save_safetensors(vae, out / "tiny_vqvae.safetensors", configs.TINY_VAE.to_dict())
+        write_manifest(out, {"tiny-vqvae": {"file": "tiny_vqvae.safetensors", "recipe": recipe, **_numerics(threads),
+                                            **_pins(recipe.get("isa")), "config": configs.TINY_VAE.to_dict(),
+                                            "train_seconds": round(time.time() - t0),
+                                            "quality": {"val_psnr_db": info["val_psnr_db"]}, "curve": info["curve"]}})
+    print(f"tiny VQVAE: val PSNR {info['val_psnr_db']:.2f} dB")
+
+
+def _cnn_stage(out: Path, progress: bool) -> None:
     from bench.metrics.features import save_feature_cnn, train_feature_cnn
+    recipe = CNN_RECIPE
     with pinned_threads(recipe["threads"]) as threads:
         t0 = time.time()
         imgs, labels = tinyshapes.generate(recipe["pool"], "train")
         model, hist = train_feature_cnn(imgs, labels, num_classes=tinyshapes.NUM_CLASSES, epochs=recipe["epochs"],
                                         batch_size=recipe["batch"], lr=recipe["lr"], seed=recipe["seed"],
                                         progress=progress)
-        vimgs, vlabels = tinyshapes.generate(n_val, "val")
+        vimgs, vlabels = tinyshapes.generate(CNN_VAL, "val")
         with torch.no_grad():
             acc = (model.eval().logits(vimgs).argmax(1) == vlabels).float().mean().item()
         save_feature_cnn(model, out / "feature_cnn.safetensors")
-        pins = {"isa": recipe.get("isa"), "isa_env": ISA_ENV.get(recipe.get("isa"), {})} if recipe.get("isa") else {}
         write_manifest(out, {"feature-cnn": {"file": "feature_cnn.safetensors", "recipe": recipe, **_numerics(threads),
-                                             **pins, "train_seconds": round(time.time() - t0),
+                                             **_pins(recipe.get("isa")), "train_seconds": round(time.time() - t0),
                                              "quality": {"val_accuracy": round(acc, 4)}, "curve": hist}})
-    return acc
+    print(f"feature CNN: held-out accuracy {acc:.4f}")
 
 
-def _run_pinned(isa: str, out: Path, recipe: dict, n_val: int, progress: bool) -> float:
-    """The CNN stage in a child process whose CPU libraries are pinned to ``isa`` from the start."""
-    job = json.dumps({"out": str(out), "recipe": recipe, "n_val": n_val, "progress": progress})
-    env = {**os.environ, **ISA_ENV[isa]}
-    subprocess.run([sys.executable, "-m", "bench.recipes.tiny", "--cnn-job", job], env=env, check=True)
-    return json.loads((out / "manifest.json").read_text())["models"]["feature-cnn"]["quality"]["val_accuracy"]
+def _var_stage(out: Path, progress: bool) -> None:
+    recipe = VAR_RECIPE
+    with pinned_threads(recipe["threads"]) as threads:
+        t0 = time.time()
+        vae = load_tiny_vae(out)
+        var, info = train_var(vae, recipe, progress=progress, snapshot=out / "tiny_var.snapshot.safetensors")
+        (out / "tiny_var.snapshot.safetensors").unlink(missing_ok=True)
+        save_safetensors(var, out / "tiny_var.safetensors", configs.TINY_VAR.to_dict())
+        write_manifest(out, {"tiny-var": {"file": "tiny_var.safetensors", "recipe": recipe, **_numerics(threads),
+                                          **_pins(recipe.get("isa")), "config": configs.TINY_VAR.to_dict(),
+                                          "train_seconds": round(time.time() - t0), "curve": info["curve"]}})
+
+
+def _eval_stage(out: Path, progress: bool, per_class: int = 50) -> None:
+    from bench.recipes.tiny_quality import measure_tiny_var
+    with pinned_threads(EVAL_THREADS) as threads:
+        q = measure_tiny_var(out, per_class=per_class, progress=progress)
+    q.update(threads=threads, cpu_capability=torch.backends.cpu.get_cpu_capability(), **_pins(EVAL_ISA))
+    set_quality(out, "tiny-var", q)
+    print("tiny-var quality:", json.dumps(q))
+
+
+# stage -> (function, the SIMD level it is pinned to)
+_STAGE_FNS = {"vqvae": (_vqvae_stage, lambda: VAE_RECIPE.get("isa")), "cnn": (_cnn_stage, lambda: CNN_RECIPE.get("isa")),
+              "var": (_var_stage, lambda: VAR_RECIPE.get("isa")), "eval": (_eval_stage, lambda: EVAL_ISA)}
+# What a pinned child must see exactly as the parent does (a caller may have replaced any of them).
+_SETTINGS = ("VAE_RECIPE", "VAR_RECIPE", "CNN_RECIPE", "EVAL_THREADS", "EVAL_ISA", "VAE_VAL", "CNN_VAL")
+
+
+def _run_pinned(isa: str, out: Path, stage: str, kwargs: dict) -> None:
+    """Run one stage in a child process whose CPU libraries are pinned to ``isa`` from the start
+    (the variables are read when torch loads). The child gets this process's recipes verbatim."""
+    job = json.dumps({"out": str(out), "stage": stage, "kwargs": kwargs,
+                      "settings": {k: globals()[k] for k in _SETTINGS}})
+    subprocess.run([sys.executable, "-m", "bench.recipes.tiny", "--stage-job", job],
+                   env={**os.environ, **ISA_ENV[isa]}, check=True)
 
 
 def warn_if_other_simd(stage: str) -> Optional[str]:
-    """A stage that is not ISA-pinned reproduces the shipped file only on the SIMD level it was
-    trained on (recorded as ``cpu_capability`` in the shipped manifest): say so before training."""
+    """A stage run with ``--no-isa-pin`` reproduces the shipped file only on the SIMD level the shipped
+    file was trained on (its manifest's ``cpu_capability``): say so before training."""
     from bench.resources import tiny_assets_dir
     try:
         shipped = json.loads((tiny_assets_dir() / "manifest.json").read_text())["models"][stage]["cpu_capability"]
@@ -295,50 +344,43 @@ def warn_if_other_simd(stage: str) -> Optional[str]:
     return msg
 
 
-def run(out: Path, stages=STAGES, progress: bool = True, eval_per_class: int = 50) -> None:
+def run(out: Path, stages=STAGES, progress: bool = True, eval_per_class: int = 50, isa_pin: bool = True) -> None:
     """Train the requested stages in order; each stage saves its checkpoint and manifest entry.
 
-    Each stage runs under its recipe's thread count (``pinned_threads``), recorded as ``threads``."""
+    Each stage runs under its recipe's thread count (``pinned_threads``), recorded as ``threads``, and,
+    unless ``isa_pin`` is off, in a child process pinned to its recipe's SIMD level (``isa``)."""
     out.mkdir(parents=True, exist_ok=True)
-    for stage, name in (("vqvae", "tiny-vqvae"), ("var", "tiny-var")):
-        if stage in stages:
-            warn_if_other_simd(name)
-    if "vqvae" in stages:
-        recipe = VAE_RECIPE
-        with pinned_threads(recipe["threads"]) as threads:
-            t0 = time.time()
-            vae, info = train_vqvae(recipe, progress=progress)
-            save_safetensors(vae, out / "tiny_vqvae.safetensors", configs.TINY_VAE.to_dict())
-            write_manifest(out, {"tiny-vqvae": {"file": "tiny_vqvae.safetensors", "recipe": recipe, **_numerics(threads),
-                                                "config": configs.TINY_VAE.to_dict(),
-                                                "train_seconds": round(time.time() - t0),
-                                                "quality": {"val_psnr_db": info["val_psnr_db"]}, "curve": info["curve"]}})
-        print(f"tiny VQVAE: val PSNR {info['val_psnr_db']:.2f} dB")
-    if "cnn" in stages:
-        recipe, isa = CNN_RECIPE, CNN_RECIPE.get("isa")
-        if isa and not isa_pinned(isa):
-            acc = _run_pinned(isa, out, recipe, CNN_VAL, progress)
+    if not isa_pin:
+        for stage, name in (("vqvae", "tiny-vqvae"), ("cnn", "feature-cnn"), ("var", "tiny-var")):
+            if stage in stages:
+                warn_if_other_simd(name)
+    for stage in STAGES:
+        if stage not in stages:
+            continue
+        fn, isa_of = _STAGE_FNS[stage]
+        kwargs = {"progress": progress, **({"per_class": eval_per_class} if stage == "eval" else {})}
+        isa = isa_of()
+        if isa_pin and isa and not isa_pinned(isa):
+            _run_pinned(isa, out, stage, kwargs)
+        elif not isa_pin and isa:
+            # trained with the machine's own kernels: the manifest must not claim the recipe's pin
+            with _unpinned(stage):
+                fn(out, **kwargs)
         else:
-            acc = _cnn_stage(out, recipe, CNN_VAL, progress)
-        print(f"feature CNN: held-out accuracy {acc:.4f}")
-    if "var" in stages:
-        recipe = VAR_RECIPE
-        with pinned_threads(recipe["threads"]) as threads:
-            t0 = time.time()
-            vae = load_tiny_vae(out)
-            var, info = train_var(vae, recipe, progress=progress, snapshot=out / "tiny_var.snapshot.safetensors")
-            (out / "tiny_var.snapshot.safetensors").unlink(missing_ok=True)
-            save_safetensors(var, out / "tiny_var.safetensors", configs.TINY_VAR.to_dict())
-            write_manifest(out, {"tiny-var": {"file": "tiny_var.safetensors", "recipe": recipe, **_numerics(threads),
-                                              "config": configs.TINY_VAR.to_dict(),
-                                              "train_seconds": round(time.time() - t0), "curve": info["curve"]}})
-    if "eval" in stages:
-        from bench.recipes.tiny_quality import measure_tiny_var
-        with pinned_threads(EVAL_THREADS) as threads:
-            q = measure_tiny_var(out, per_class=eval_per_class, progress=progress)
-        q["threads"] = threads
-        set_quality(out, "tiny-var", q)
-        print("tiny-var quality:", json.dumps(q))
+            fn(out, **kwargs)
+
+
+@contextlib.contextmanager
+def _unpinned(stage: str) -> Iterator[None]:
+    """Run a stage with its recipe's ``isa`` set to None, so that its manifest entry records the
+    recipe it actually ran (``--no-isa-pin``)."""
+    name = {"vqvae": "VAE_RECIPE", "cnn": "CNN_RECIPE", "var": "VAR_RECIPE", "eval": "EVAL_ISA"}[stage]
+    prev = globals()[name]
+    globals()[name] = {**prev, "isa": None} if isinstance(prev, dict) else None
+    try:
+        yield
+    finally:
+        globals()[name] = prev
 
 
 def main(argv=None) -> int:
@@ -348,19 +390,24 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="assets/tiny", help="output folder (default: assets/tiny)")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--cnn-job", default=None, help=argparse.SUPPRESS)   # internal: the ISA-pinned child
+    p.add_argument("--no-isa-pin", action="store_true",
+                   help="train with this machine's own SIMD kernels instead of each recipe's isa pin (the files "
+                        "then reproduce only on machines of the same SIMD level; the manifest records isa: null)")
+    p.add_argument("--stage-job", default=None, help=argparse.SUPPRESS)   # internal: the ISA-pinned child
     a = p.parse_args(argv)
-    if a.cnn_job:
-        job = json.loads(a.cnn_job)
-        if job["recipe"].get("isa") and not isa_pinned(job["recipe"]["isa"]):
-            p.error("--cnn-job runs only under the ISA_ENV of its recipe")
-        _cnn_stage(Path(job["out"]), job["recipe"], job["n_val"], job["progress"])
+    if a.stage_job:
+        job = json.loads(a.stage_job)
+        globals().update(job["settings"])
+        fn, isa_of = _STAGE_FNS[job["stage"]]
+        if isa_of() and not isa_pinned(isa_of()):
+            p.error("--stage-job runs only under the ISA_ENV of its stage")
+        fn(Path(job["out"]), **job["kwargs"])
         return 0
     stages = [s.strip() for s in a.stages.split(",") if s.strip()]
     bad = [s for s in stages if s not in STAGES]
     if bad:
         p.error(f"unknown stage(s) {bad}; choose from {', '.join(STAGES)}")
-    run(Path(a.out), stages, progress=not a.no_progress)
+    run(Path(a.out), stages, progress=not a.no_progress, isa_pin=not a.no_isa_pin)
     return 0
 
 
