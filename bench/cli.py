@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from bench.defaults import DEFAULT_WORLD, SAMPLING, SAMPLING_PARAMS, TINY_SAMPLING, WORLDS
 from bench.registry import REGISTRIES, UnknownNameError
@@ -49,8 +49,11 @@ def _cmd_info(args) -> int:
     resolve_chain(chain)
     gen = card.build(device="meta")
     if chain:
+        from bench.spec import SpecError
         try:  # structure-only methods (e.g. magnitude) run on the meta device: sizes need no weights
             gen = apply_chain(gen, chain, Context(progress=False))
+        except SpecError:
+            raise   # a bad parameter value: its own message says what to write
         except Exception as e:
             print(f"varbench: error: cannot account for {' + '.join(chain)} without weights or data "
                   f"({type(e).__name__}: {e}); `varbench run` records params and FLOPs of the real model.",
@@ -282,17 +285,31 @@ def _cmd_table(args) -> int:
         elif not args.no_run:
             import platform
 
+            from bench.registry import BENCHES
             from bench.runner import preflight, run
             for rs in runs:
                 preflight(rs, root)
+            timed: Dict[str, list] = {}   # latency cells of one model and setting: timed together, alternated
             for i, rs in enumerate(runs):
                 print(f"[{spec.name} {i + 1}/{len(runs)}] {rs.label()}", file=sys.stderr)
                 if (rs.protocol or {}).get("device") == "coreml" and platform.system() != "Darwin":
                     print(f"  not run: Core ML latency and op placement need macOS (this is "
                           f"{platform.system()}); `--weight-free` fills the package op counts", file=sys.stderr)
                     continue
+                if BENCHES.get(rs.bench).kind == "timing":
+                    print("  timed below, alternated with the table's other configurations of this setting",
+                          file=sys.stderr)
+                    timed.setdefault(json.dumps([rs.model, rs.n, rs.seed, rs.protocol], sort_keys=True), []).append(rs)
+                    continue
                 run(rs, root=root, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet,
                     device=_device(args, world))
+            if timed:
+                from bench.latency import run_latency
+                for specs in timed.values():
+                    # one measurement run: speed-ups are ratios of medians timed side by side
+                    print(f"[{spec.name}] timing {len(specs)} configurations of {specs[0].model} together",
+                          file=sys.stderr)
+                    run_latency(specs, root=root, ckpt_dir=args.ckpt_dir, force=args.force, progress=not args.quiet)
         from bench.records import load_accounting
         records = {r["run_id"]: r for r in _records(root, world).values()}
         found, stale = match_records(runs, records)

@@ -140,13 +140,14 @@ class Cell:
 def table_cells(table, world: str, n: Optional[int] = None, seed: int = 0,
                 sampling: Optional[Mapping[str, Any]] = None, ckpt_dir=None, need_ckpt: bool = True) -> List[Cell]:
     """The cells of a table spec (``bench.render.TableSpec``) for ``world``, each with its exact run spec."""
-    bench_name = table.bench_for(world)
-    bench_cls = BENCHES.get(bench_name)
-    n = n if n is not None else table.n.get(world) or bench_cls.default_n
+    table_n = n if n is not None else table.n.get(world)
     cells: List[Cell] = []
     for row in table.rows:
         model = table.model_for(row, world)
         for gi, group in enumerate(table.groups):
+            bench_name = table.bench_for(world, group)
+            own = world in group.bench   # a group with its own bench has its own n (the table's --n is not its)
+            n = (group.n.get(world) if own else table_n) or BENCHES.get(bench_name).default_n
             if model is None:
                 cells.append(Cell(row.label, gi, reason=table.skip_reason(row, world)))
                 continue
@@ -157,7 +158,7 @@ def table_cells(table, world: str, n: Optional[int] = None, seed: int = 0,
                                                         f"not implemented in varbench yet"))
                 continue
             cells.append(Cell(row.label, gi, make_spec(model, chain, bench=bench_name, n=n, seed=seed,
-                                                       bench_args=row.bench_args,
+                                                       bench_args={**group.bench_args.get(world, {}), **row.bench_args},
                                                        sampling=sampling, world=world, ckpt_dir=ckpt_dir,
                                                        need_ckpt=need_ckpt)))
     return cells

@@ -38,6 +38,12 @@ Spec format
             scale: 1.0e-6         # optional: multiply ours (e.g. params -> millions)
             better: lower         # optional: lower | higher | none; default from the metric
             relative: speedup     # optional: speedup (ref/ours) | ratio (ours/ref) | delta (ours-ref)
+      - label: "Speed"            # a group may use its own bench (e.g. latency beside quality):
+        bench: {tiny: latency}    #   per world; n per world (default: that bench's own default,
+        n: {tiny: 10}             #   not --n) and the bench's setting for its cells, per world
+        bench_args: {tiny: {device: cpu, batch: 16}, paper: {device: cuda, batch: 1}}
+        columns:
+          - {id: speed, metric: latency_ms, relative: speedup}
 
     info_columns:                 # optional: static text per row (from the row's `info`)
       - {id: note, header: Note, position: after}    # position: before (default) | after
@@ -141,6 +147,9 @@ class Group:
     setting: Optional[str]
     chain: Tuple[str, ...]  # the setting's method chain (templates with "{method}")
     columns: Tuple[Column, ...]
+    bench: Dict[str, str] = dataclasses.field(default_factory=dict)        # own bench per world (else the table's)
+    n: Dict[str, int] = dataclasses.field(default_factory=dict)            # its n per world (else the bench's default)
+    bench_args: Dict[str, Dict[str, Any]] = dataclasses.field(default_factory=dict)   # per world: its bench's setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,10 +245,17 @@ class TableSpec:
                 return r
         raise KeyError(f"table {self.name} has no row {label!r}; rows: {[r.label for r in self.rows]}")
 
-    def bench_for(self, world: str) -> str:
+    def bench_for(self, world: str, group: Optional["Group"] = None) -> str:
+        """The bench of ``group``'s cells (its own, else the table's) in ``world``."""
+        if group is not None and world in group.bench:
+            return group.bench[world]
         if world not in self.bench:
             raise TableSpecError(f"table {self.name} has no bench for world {world!r}")
         return self.bench[world]
+
+    def benches(self, world: str) -> List[str]:
+        """Every bench the table's cells use in ``world``, in order of first use."""
+        return list(dict.fromkeys([self.bench_for(world)] + [self.bench_for(world, g) for g in self.groups]))
 
     def model_for(self, row: Row, world: str) -> Optional[str]:
         """The model a row runs in ``world``, or None if it has none there (or is paper-only)."""
@@ -347,14 +363,23 @@ def parse_spec(data: Any, name: str, path: Optional[Path] = None) -> TableSpec:
     groups = []
     for i, g in enumerate(d["groups"]):
         gw = f"{where}: groups[{i}]"
-        g = _keys(g, ("label", "short", "setting", "columns"), ("columns",), gw)
+        g = _keys(g, ("label", "short", "setting", "columns", "bench", "n", "bench_args"), ("columns",), gw)
+        for key in ("bench", "n", "bench_args"):
+            value = g.get(key) or {}
+            if not isinstance(value, dict) or set(value) - {"paper", "tiny"}:
+                raise TableSpecError(f"{gw}: {key} must be a mapping world (paper, tiny) -> "
+                                     f"{'the bench setting' if key == 'bench_args' else 'value'}")
+            if key == "bench_args" and not all(isinstance(v, dict) for v in value.values()):
+                raise TableSpecError(f"{gw}: bench_args.<world> must be a mapping (e.g. device: cuda, batch: 1)")
         setting = g.get("setting")
         if setting is not None and setting not in settings:
             raise TableSpecError(f"{gw}: unknown setting {setting!r}; settings: {sorted(settings)}")
         chain = tuple(settings[setting]) if setting is not None else ("{method}",)
         cols = tuple(_parse_column(c, i, f"{gw}.columns[{j}]") for j, c in enumerate(g["columns"]))
         groups.append(Group(label=str(g.get("label", "")), short=str(g.get("short", g.get("label", ""))),
-                            setting=setting, chain=chain, columns=cols))
+                            setting=setting, chain=chain, columns=cols, bench=dict(g.get("bench") or {}),
+                            n={str(k): int(v) for k, v in (g.get("n") or {}).items()},
+                            bench_args={w: dict(v) for w, v in (g.get("bench_args") or {}).items()}))
     infos = tuple(InfoColumn(id=str(c["id"]), header=str(c.get("header", c["id"])), position=c.get("position", "before"))
                   for c in (_keys(c, ("id", "header", "position"), ("id",), f"{where}: info_columns")
                             for c in d.get("info_columns") or []))
@@ -514,7 +539,7 @@ def build_table(spec: TableSpec, world: str, cells: Sequence[Any], found: Mappin
     if unknown:
         raise KeyError(f"row_notes for unknown rows {unknown} of table {spec.name}; rows: {labels}")
     by_cell = {(c.row, c.group): c for c in cells}
-    bench = spec.bench_for(world)
+    bench = " + ".join(spec.benches(world))
     notes = _Notes()
     used: List[dict] = []
     rows_out = []

@@ -75,18 +75,19 @@ def test_tiny_world_fits_its_budget():
 
 def test_every_shipped_model_records_its_threads_and_simd_level(manifest):
     """What retraining needs to reproduce a file bit for bit: the thread count and the SIMD level
-    (the feature CNN is pinned to AVX2; the VQVAE and tiny-var were trained natively on AVX-512)."""
+    (every tiny-world file, and the tiny-var quality figures, were made pinned to AVX2)."""
     for name, e in manifest["models"].items():
         assert isinstance(e["threads"], int) and e["threads"] >= 1, name
-        assert e["cpu_capability"] in ("AVX2", "AVX512", "DEFAULT"), name
-    assert manifest["models"]["feature-cnn"]["isa"] == "avx2"
+        assert e["isa"] == "avx2" and e["cpu_capability"] == "AVX2", f"{name}: not trained pinned to AVX2"
+    q = manifest["models"]["tiny-var"]["quality"]
+    assert q["isa"] == "avx2" and q["cpu_capability"] == "AVX2", "tiny-var quality not measured pinned to AVX2"
 
 
 def test_retraining_on_another_simd_level_says_the_file_will_differ(monkeypatch, capsys):
     import torch
 
     from bench.recipes.tiny import warn_if_other_simd
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    assert "trained on AVX512" in warn_if_other_simd("tiny-var") and "sha256" in capsys.readouterr().err
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert "trained on AVX2" in warn_if_other_simd("tiny-var") and "sha256" in capsys.readouterr().err
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     assert warn_if_other_simd("tiny-vqvae") is None

@@ -43,8 +43,9 @@ def test_every_spec_loads_plans_and_renders_with_aligned_rows(name, tmp_path):
         assert (c.spec is None) != (c.reason is None)   # a run, or the reason it has none
     specs = unique_specs(cells)
     assert len({s.key() for s in specs}) == len(specs)
-    assert all((s.world, s.model, s.bench) == ("tiny", "tiny-var", t.bench_for("tiny")) for s in specs)
-    assert t.bench_for("tiny") in ("shapes-c2i", "latency")
+    assert all((s.world, s.model) == ("tiny", "tiny-var") for s in specs)
+    assert all(c.spec.bench == t.bench_for("tiny", t.groups[c.group]) for c in cells if c.spec is not None)
+    assert set(t.benches("tiny")) <= {"shapes-c2i", "latency"}
     out = render(t, "tiny", cells, {}, out_dir=tmp_path)
     lines = [ln for ln in out["md"].splitlines() if ln.startswith("|")]
     assert len(lines) == 2 + len(t.rows) and len({len(ln) for ln in lines}) == 1, "ragged Markdown table"
@@ -344,3 +345,54 @@ def test_weight_free_accounting_fills_params_anywhere_and_a_run_record_wins(tmp_
     out_t = render_from_records("evar-table3", "tiny", root=res, out_dir=out, formats=("json",))["json"]
     d = next(r for r in out_t["rows"] if r["label"] == "Dense Baseline")["cells"]
     assert d["params"]["ours"] == pytest.approx(3.0) and d["params"]["source"] == "run" and d["fid"]["ours"] == 1.5
+
+
+def _two_bench_spec(**latency_group):
+    return parse_spec({
+        "title": "t", "model": {"tiny": "tiny-var", "paper": "var-d16"}, "bench": {"tiny": "shapes-c2i", "paper": "imagenet256"},
+        "groups": [{"columns": [{"id": "fid", "metric": "fid"}, {"id": "dfid", "metric": "fid", "relative": "delta"}]},
+                   {"columns": [{"id": "speed", "metric": "latency_ms", "relative": "speedup"}], **latency_group}],
+        "rows": [{"label": "Dense", "methods": []}, {"label": "Mag", "method": "magnitude:sparsity=0.2"}]}, "toy")
+
+
+def test_a_column_group_with_its_own_bench_n_and_setting(tmp_path):
+    """Quality and latency side by side: the latency group's cells are latency runs with the group's
+    n (not the table's --n) and per-world setting; relative columns compare within the group."""
+    spec = _two_bench_spec(bench={"tiny": "latency", "paper": "latency"}, n={"tiny": 5},
+                           bench_args={"tiny": {"batch": 16, "threads": 1}, "paper": {"device": "cuda"}})
+    assert spec.benches("tiny") == ["shapes-c2i", "latency"]
+    cells = table_cells(spec, "tiny", n=120)
+    by = {(c.row, c.group): c.spec for c in cells}
+    assert by[("Dense", 0)].bench == "shapes-c2i" and by[("Dense", 0)].n == 120
+    lat = by[("Mag", 1)]
+    assert lat.bench == "latency" and lat.n == 5 and lat.protocol["batch"] == 16 and lat.protocol["threads"] == 1
+    paper = {c.row: c.spec for c in table_cells(spec, "paper", need_ckpt=False) if c.group == 1}
+    assert paper["Mag"].protocol["device"] == "cuda" and paper["Mag"].n == 10   # the latency bench's default n
+    recs = [make_record(by[("Dense", 0)], {"fid": 2.0}, {}, {}), make_record(by[("Mag", 0)], {"fid": 3.0}, {}, {}),
+            make_record(by[("Dense", 1)], {"latency_ms": {"value": 90.0}}, {}, {}),
+            make_record(by[("Mag", 1)], {"latency_ms": {"value": 60.0}}, {}, {})]
+    out = render(spec, "tiny", cells, {r["run_id"]: r for r in recs}, out_dir=tmp_path, formats=("json", "md"))
+    mag = out["json"]["rows"][1]["cells"]
+    assert mag["dfid"]["ours"] == pytest.approx(1.0) and mag["speed"]["ours"] == pytest.approx(1.5)
+    assert "bench shapes-c2i + latency" in out["md"]
+    # without its own bench a group runs the table's bench
+    assert {c.spec.bench for c in table_cells(_two_bench_spec(), "tiny")} == {"shapes-c2i"}
+    for bad, msg in (({"bench_args": {"batch": 16}}, "world"), ({"bench_args": {"tiny": 16}}, "mapping"),
+                     ({"n": [5]}, "mapping")):
+        with pytest.raises(TableSpecError, match=msg):
+            _two_bench_spec(**bad)
+
+
+def test_the_table_command_times_a_tables_latency_cells_together(tmp_path, monkeypatch):
+    """Speed-ups are ratios measured in one run: the latency cells of one setting go to one
+    ``run_latency`` call (alternated); the quality cells run one by one."""
+    import bench.latency
+    import bench.runner
+    from bench.cli import main
+    timed, ran = [], []
+    monkeypatch.setattr(bench.latency, "run_latency", lambda specs, **kw: timed.append([s.label() for s in specs]))
+    monkeypatch.setattr(bench.runner, "run", lambda spec, **kw: ran.append(spec.label()))
+    monkeypatch.setattr(bench.runner, "preflight", lambda spec, root: None)
+    main(["table", "stepvar-table1", "--results", str(tmp_path / "r"), "--out", str(tmp_path / "o"), "--quiet"])
+    assert len(timed) == 1 and len(timed[0]) == 4 and all("@ latency" in t for t in timed[0])
+    assert len(ran) == 4 and all("@ shapes-c2i" in r for r in ran)

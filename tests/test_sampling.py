@@ -78,9 +78,9 @@ class _Recorder(TokenPolicy):
     def begin_scale(self, si, pn):
         self.calls.append(("scale", si, pn))
 
-    def sublayer(self, si, kind, block_idx, h, fn):
+    def sublayer(self, si, kind, block_idx, h, fn, x=None):
         self.calls.append((si, kind, block_idx, h.shape[1]))
-        return super().sublayer(si, kind, block_idx, h, fn)
+        return super().sublayer(si, kind, block_idx, h, fn, x)
 
 
 def test_identity_policy_is_bit_identical_and_sees_every_sublayer(small_gen):
@@ -101,7 +101,7 @@ class _KeepFirstHalfOfLastScale(TokenPolicy):
     def __init__(self, last):
         self.last = last
 
-    def select(self, si, kind, block_idx, h):
+    def select(self, si, kind, block_idx, h, x=None):
         if si != self.last:
             return None
         L = h.shape[1]

@@ -98,9 +98,11 @@ class _Recorder(TokenPolicy):
     def end_scale(self, si, x_BLC):
         self.events.append(("end_scale", si, x_BLC.clone()))
 
-    def sublayer(self, si, kind, block_idx, h_BLC, fn):
+    def sublayer(self, si, kind, block_idx, h_BLC, fn, x_BLC=None):
+        # the residual stream comes with every sub-layer call (FastVAR scores it), shaped as its input
+        assert x_BLC is not None and x_BLC.shape == h_BLC.shape and not torch.equal(x_BLC, h_BLC)
         self.events.append(("sub", si, kind, block_idx))
-        return super().sublayer(si, kind, block_idx, h_BLC, fn)
+        return super().sublayer(si, kind, block_idx, h_BLC, fn, x_BLC)
 
 
 def test_policy_scale_callbacks_order_and_arguments(small_gen):
@@ -144,7 +146,7 @@ class _KeepHalf(TokenPolicy):
     def __init__(self):
         self.sel, self.res = [], []
 
-    def select(self, si, kind, block_idx, h):
+    def select(self, si, kind, block_idx, h, x=None):
         B, L = h.shape[:2]
         keep = torch.stack([torch.randperm(L, generator=torch.Generator().manual_seed(100 * si + b))[:max(1, L // 2)]
                             for b in range(B)])

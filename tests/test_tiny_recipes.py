@@ -16,8 +16,8 @@ def test_recipe_thread_counts():
     """The counts the shipped checkpoints reproduce with (see the manifest and bench/recipes/tiny.py)."""
     assert train.VAE_RECIPE["threads"] == train.VAR_RECIPE["threads"] == 2
     assert train.CNN_RECIPE["threads"] == 1
-    # the feature CNN is also pinned to one SIMD level (every CPU library torch uses), in a child process
-    assert train.CNN_RECIPE["isa"] == "avx2"
+    # every stage is also pinned to one SIMD level (every CPU library torch uses), in a child process
+    assert train.CNN_RECIPE["isa"] == train.VAE_RECIPE["isa"] == train.VAR_RECIPE["isa"] == train.EVAL_ISA == "avx2"
     assert train.ISA_ENV["avx2"] == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
@@ -58,10 +58,11 @@ def test_recipes_smoke_and_reproducible(tmp_path, few_steps):
         assert entry["recipe"] == recipes[name] and entry["recipe"]["seed"] == 0 and entry["curve"]
         assert entry["threads"] == recipes[name]["threads"], f"{name}: thread count not recorded"
         assert entry["cpu_capability"], f"{name}: SIMD level not recorded"
-    cnn = manifest["models"]["feature-cnn"]
-    assert cnn["isa"] == "avx2" and cnn["isa_env"] == train.ISA_ENV["avx2"] and cnn["cpu_capability"] == "AVX2", \
-        "the CNN stage did not run in the ISA-pinned child"
+    for name, entry in manifest["models"].items():
+        assert entry["isa"] == "avx2" and entry["isa_env"] == train.ISA_ENV["avx2"] \
+            and entry["cpu_capability"] == "AVX2", f"{name}: the stage did not run in the ISA-pinned child"
     q = manifest["models"]["tiny-var"]["quality"]
+    assert q["isa"] == "avx2" and q["cpu_capability"] == "AVX2", "the quality measurement did not run pinned"
     assert {"class_acc", "precision", "recall", "fid", "bars"} <= set(q) and q["threads"] == train.EVAL_THREADS
     assert "val_psnr_db" in manifest["models"]["tiny-vqvae"]["quality"]
     assert manifest["git_commit"]
@@ -76,6 +77,16 @@ def test_recipes_smoke_and_reproducible(tmp_path, few_steps):
         assert strip(manifest_b["models"][name]) == strip(entry), f"{name}: curves differ between runs"
     for name in ("tiny-vqvae", "feature-cnn"):
         assert manifest_b["models"][name]["quality"] == manifest["models"][name]["quality"]
+
+
+def test_no_isa_pin_trains_natively_and_says_so(tmp_path, few_steps):
+    """``--no-isa-pin``: the stage runs in this process with the machine's own kernels, and its entry
+    records ``isa: None`` (not the recipe's pin it did not run under) and the level torch reports."""
+    train.run(tmp_path, ("vqvae",), progress=False, isa_pin=False)
+    entry = json.loads((tmp_path / "manifest.json").read_text())["models"]["tiny-vqvae"]
+    assert entry["isa"] is None and entry["recipe"]["isa"] is None and "isa_env" not in entry
+    assert entry["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert train.VAE_RECIPE["isa"] == "avx2", "the recipe's pin must be restored after the stage"
 
 
 def test_pinned_threads_restores():

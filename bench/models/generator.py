@@ -55,6 +55,8 @@ def to_uint8(img_B3HW_01: torch.Tensor) -> torch.Tensor:
 
 
 class Generator(nn.Module):
+    family = "var"   # the model family token methods key their official schedules on
+
     def __init__(self, var: VAR, vae: VQVAE, name: str = "", token_policy: Optional[TokenPolicy] = None):
         super().__init__()
         if tuple(var.patch_nums) != tuple(vae.patch_nums) or var.V != vae.V or var.Cvae != vae.Cvae:
@@ -101,10 +103,13 @@ class Generator(nn.Module):
         var.kv_caching(True, max_len=var.L)   # one preallocated KV buffer per block
         try:
             for si, pn in enumerate(self.patch_nums):
+                if policy.skip(si):
+                    break   # f_hat already holds every earlier scale at the full latent size
                 ratio = si / (K - 1)
                 cur_L += pn * pn
                 policy.begin_scale(si, pn)
-                x_BLC = var.run_blocks(x_BLC, cond_2BD, None, policy.route(si), blocks_ada)
+                x_BLC = var.run_blocks(policy.enter_scale(si, x_BLC), cond_2BD, None, policy.route(si), blocks_ada)
+                x_BLC = policy.exit_scale(si, x_BLC)
                 policy.end_scale(si, x_BLC)
                 logits_2BlV = var.get_logits(x_BLC, cond_2BD, head_ada)
                 if logits_hook is not None:

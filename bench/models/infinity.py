@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from bench.models.configs import InfinityConfig  # noqa: F401  (re-exported: the config is torch-free)
 from bench.models.var import FFN, AdaLNBeforeHead, DropPath, SelfAttention, SharedAdaLin
 
-Route = Optional[Callable[[str, int, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]]
+Route = Optional[Callable[..., torch.Tensor]]   # (kind, block_idx, h_BLC, fn, x_BLC) -> out_BLC
 
 
 # ---------------------------------------------------------------- 2-D RoPE
@@ -174,12 +174,12 @@ class CrossAttnBlock(nn.Module):
         sa = lambda h: self.sa(h, attn_bias, rope)  # noqa: E731
         ca = lambda h: self.ca(h, kv_BTC, mask_BT)  # noqa: E731
         h = self.ln_wo_grad(x_BLC.float()).mul(scale1.add(1)).add_(shift1)
-        h = sa(h) if route is None else route("attn", self.block_idx, h, sa)
+        h = sa(h) if route is None else route("attn", self.block_idx, h, sa, x_BLC)
         x_BLC = x_BLC + self.drop_path(h.mul(gamma1))
         h = self.ca_norm(x_BLC)
-        x_BLC = x_BLC + (ca(h) if route is None else route("ca", self.block_idx, h, ca)).float()
+        x_BLC = x_BLC + (ca(h) if route is None else route("ca", self.block_idx, h, ca, x_BLC)).float()
         h = self.ln_wo_grad(x_BLC.float()).mul(scale2.add(1)).add_(shift2)
-        h = self.ffn(h) if route is None else route("ffn", self.block_idx, h, self.ffn)
+        h = self.ffn(h) if route is None else route("ffn", self.block_idx, h, self.ffn, x_BLC)
         return x_BLC + self.drop_path(h.mul(gamma2))
 
 

@@ -1,10 +1,19 @@
 """Per-scale token policies: the hook that token methods (FastVAR, LazyVAR, StepVAR, ToMe) plug into.
 
 During sampling, every block's attention and FFN sub-layer is called through
-``policy.sublayer(si, kind, block_idx, h_BLC, fn)``. The default splits that call into the three
-steps of the token-policy contract (docs/architecture.md) — ``select`` the tokens to compute (None = all), run ``fn`` on the kept
+``policy.sublayer(si, kind, block_idx, h_BLC, fn, x_BLC)``: ``h_BLC`` is the sub-layer's input (after
+its norm / AdaLN modulation), ``x_BLC`` the residual stream the block holds before that sub-layer
+(what FastVAR scores), ``fn`` the sub-layer, whose output (before the residual gate γ) is returned.
+The default splits that call into the three steps of the token-policy contract
+(docs/architecture.md) — ``select`` the tokens to compute (None = all), run ``fn`` on the kept
 tokens only, ``restore`` a full-length output — so a method overrides only the step it changes and
-no model file is edited. The identity policy computes every token and is bit-identical to having no
+no model file is edited. Attention run on kept tokens appends only their keys and values to the KV
+cache: later scales attend to what was computed. ``skip(si)`` ends sampling before scale ``si``
+(trailing scales only; the image is decoded from the latent accumulated so far).
+
+A policy may instead shorten a whole scale: ``enter_scale`` returns the tokens the block stack runs
+on (every block, attention and KV cache included, sees only those) and ``exit_scale`` returns the
+full-length map the head reads (StepVAR). Both default to the identity. The identity policy computes every token and is bit-identical to having no
 policy at all (tests/test_sampling.py).
 """
 from __future__ import annotations
@@ -25,10 +34,23 @@ class TokenPolicy:
     def begin_scale(self, si: int, pn: int) -> None:
         """Called before the blocks run on scale ``si`` (a ``pn × pn`` token map)."""
 
+    def enter_scale(self, si: int, x_BLC: torch.Tensor) -> torch.Tensor:
+        """The scale's input to the block stack (default: all of it)."""
+        return x_BLC
+
+    def exit_scale(self, si: int, x_BlC: torch.Tensor) -> torch.Tensor:
+        """The full-length output map from the block stack's output (default: unchanged)."""
+        return x_BlC
+
     def end_scale(self, si: int, x_BLC: torch.Tensor) -> None:
         """Called with the last block's output of scale ``si``."""
 
-    def select(self, si: int, kind: str, block_idx: int, h_BLC: torch.Tensor) -> Optional[torch.Tensor]:
+    def skip(self, si: int) -> bool:
+        """True: scale ``si`` and every later one are not computed."""
+        return False
+
+    def select(self, si: int, kind: str, block_idx: int, h_BLC: torch.Tensor,
+               x_BLC: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
         """Indices [B, l] of the tokens to compute, or None for all of them."""
         return None
 
@@ -39,8 +61,8 @@ class TokenPolicy:
         return out.scatter(1, keep_Bl.unsqueeze(-1).expand(-1, -1, out_BlC.shape[-1]), out_BlC)
 
     def sublayer(self, si: int, kind: str, block_idx: int, h_BLC: torch.Tensor,
-                 fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        keep_Bl = self.select(si, kind, block_idx, h_BLC)
+                 fn: Callable[[torch.Tensor], torch.Tensor], x_BLC: Optional[torch.Tensor] = None) -> torch.Tensor:
+        keep_Bl = self.select(si, kind, block_idx, h_BLC, x_BLC)
         if keep_Bl is None:
             return fn(h_BLC)
         h_BlC = h_BLC.gather(1, keep_Bl.unsqueeze(-1).expand(-1, -1, h_BLC.shape[-1]))
@@ -48,4 +70,4 @@ class TokenPolicy:
 
     def route(self, si: int):
         """The ``route`` callable handed to the blocks for scale ``si``."""
-        return lambda kind, block_idx, h, fn: self.sublayer(si, kind, block_idx, h, fn)
+        return lambda kind, block_idx, h, fn, x=None: self.sublayer(si, kind, block_idx, h, fn, x)

@@ -39,6 +39,8 @@ class TextEncoder(nn.Module):
 
 
 class T2IGenerator(nn.Module):
+    family = "infinity"   # the model family token methods key their official schedules on
+
     def __init__(self, infinity: Infinity, vae: BSQVAE, text_encoder: Optional[TextEncoder] = None, name: str = "",
                  token_policy: Optional[TokenPolicy] = None):
         super().__init__()
@@ -98,10 +100,17 @@ class T2IGenerator(nn.Module):
         inf.kv_caching(True, max_len=sum(h * w for h, w in schedule), text=cache_text_kv)
         try:
             for si, (h, w) in enumerate(schedule):
+                if policy.skip(si):
+                    break   # summed already holds every earlier scale at the full latent size
                 l = h * w
                 x_BLC = x_BLC + inf.lvl_embed.weight[si]   # level embedding, once, before the first block
                 policy.begin_scale(si, (h, w))
-                x_BLC = inf.run_blocks(x_BLC, gss, text, None, inf.rope_fn(cs_2Lh[:, cur:cur + l]), policy.route(si))
+                x_in = policy.enter_scale(si, x_BLC)
+                if x_in.shape[1] != x_BLC.shape[1]:
+                    raise NotImplementedError(f"{policy.name}: shortening a scale of the Infinity class needs RoPE at the "
+                                              f"kept positions, which varbench does not do yet")
+                x_BLC = inf.run_blocks(x_in, gss, text, None, inf.rope_fn(cs_2Lh[:, cur:cur + l]), policy.route(si))
+                x_BLC = policy.exit_scale(si, x_BLC)
                 policy.end_scale(si, x_BLC)
                 cur += l
                 logits_BlV = inf.get_logits(x_BLC, cond_BD).mul(1 / tau)

@@ -18,8 +18,9 @@ import torch.nn.functional as F
 
 from bench.models.configs import VARConfig  # noqa: F401  (re-exported: the config is torch-free)
 
-# route(kind, block_idx, h_BLC, fn) -> out_BLC: the per-scale token-policy hook (bench/models/policy.py).
-Route = Optional[Callable[[str, int, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]]
+# route(kind, block_idx, h_BLC, fn, x_BLC) -> out_BLC: the per-scale token-policy hook (bench/models/policy.py);
+# x_BLC is the residual stream before the sub-layer (what token scores such as FastVAR's read).
+Route = Optional[Callable[..., torch.Tensor]]   # (kind, block_idx, h_BLC, fn, x_BLC) -> out_BLC
 
 
 class SelfAttention(nn.Module):
@@ -137,10 +138,10 @@ class AdaLNSelfAttn(nn.Module):
         gamma1, gamma2, scale1, scale2, shift1, shift2 = ada_B16C.unbind(2)  # official chunk order
         attn = lambda h: self.attn(h, attn_bias)  # noqa: E731
         h = self.ln_wo_grad(x_BLC).mul(scale1.add(1)).add_(shift1)
-        h = attn(h) if route is None else route("attn", self.block_idx, h, attn)
+        h = attn(h) if route is None else route("attn", self.block_idx, h, attn, x_BLC)
         x_BLC = x_BLC + self.drop_path(h.mul(gamma1))
         h = self.ln_wo_grad(x_BLC).mul(scale2.add(1)).add_(shift2)
-        h = self.ffn(h) if route is None else route("ffn", self.block_idx, h, self.ffn)
+        h = self.ffn(h) if route is None else route("ffn", self.block_idx, h, self.ffn, x_BLC)
         return x_BLC + self.drop_path(h.mul(gamma2))
 
 

@@ -15,22 +15,21 @@ manifest (sha256, recipe, seed, git commit, training curves, quality figures):
 
 Every recipe pins its intra-op thread count (``threads``): float reductions are split across
 threads, so a checkpoint is reproducible bit for bit only with the thread count it was trained
-with (and on the same SIMD level: AVX2 and AVX-512 kernels round differently). Each stage runs
-under its count, the caller's count is restored afterwards, and the stage's manifest entry records
-the count in effect (``threads``) and the SIMD level (``cpu_capability``). The VQVAE and tiny-var
-recipes run on 2 threads (the shipped checkpoints reproduce with 2, on an AVX-512 machine: the
-SIMD level of the machine that trained them), the feature CNN on 1 (its convolution gradients
-differ with every thread count).
+with. Each stage runs under its count, the caller's count is restored afterwards, and the stage's
+manifest entry records the count in effect (``threads``). The VQVAE and tiny-var recipes run on 2
+threads, the feature CNN on 1 (its convolution gradients differ with every thread count).
 
-The feature CNN (``isa: avx2`` in its recipe) is also pinned to one SIMD level, so that it
-reproduces on any x86-64 machine with AVX2 (all since 2013), not only on the trainer's: its stage
-runs in a child process started with ``ATEN_CPU_CAPABILITY=avx2`` (PyTorch's own kernels),
-``MKL_CBWR=AVX2`` (MKL's conditional numerical reproducibility: the AVX2 code path on any newer CPU)
-and ``ONEDNN_MAX_CPU_ISA=AVX2`` (oneDNN convolutions). Each of the three changes the CNN's bits
-when left to the machine (measured on an AVX-512 machine); the variables must be set before torch
-starts, hence the child process. The manifest records ``isa`` and the variables. (The VQVAE and
-tiny-var recipes are not ISA-pinned: the shipped files were trained natively on AVX-512, and pinning
-now would mean re-shipping them; retraining them elsewhere reproduces them only on AVX-512.)
+Every stage (and the tiny-var quality measurement) is also pinned to one SIMD level (``isa: avx2``),
+so that it reproduces on any x86-64 machine with AVX2 (all since 2013), not only on the trainer's:
+AVX2 and AVX-512 kernels round differently. A stage runs in a child process started with
+``ATEN_CPU_CAPABILITY=avx2`` (PyTorch's own kernels), ``MKL_CBWR=AVX2`` (MKL's conditional
+numerical reproducibility: the AVX2 code path on any newer CPU) and ``ONEDNN_MAX_CPU_ISA=AVX2``
+(oneDNN convolutions). Each of the three changes the feature CNN's bits when left to the machine
+(measured on an AVX-512 machine); the variables must be set before torch starts, hence the child
+process, which receives the parent's recipes verbatim. The manifest records ``isa``, the variables
+(``isa_env``) and the level torch reports (``cpu_capability``). ``--no-isa-pin`` trains with the
+machine's own kernels (faster on AVX-512; the entry then says ``isa: null``, and the files
+reproduce only on machines of the same level).
 """
 from __future__ import annotations
 
