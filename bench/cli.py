@@ -37,11 +37,16 @@ def _cmd_info(args) -> int:
     chain = requested_chain(args.method)     # names and parameters checked before any model is built
     kind = getattr(card, "kind", "c2i")
     if kind != "c2i":   # text-to-image families: their own accounting
-        if chain:
-            print(f"varbench: error: --method on the text-to-image model {card.name} is not supported yet "
-                  f"(method chains apply to the class-conditional VAR models)", file=sys.stderr)
+        from bench.spec import method_kind, parse_method, resolve_chain
+        resolve_chain(chain)
+        other = [m for m in chain if method_kind(parse_method(m)[0]) != "tokens"]
+        if other or (chain and kind != "t2i"):
+            what = ("token methods on HART: its sampling loop does not call a token policy yet" if kind == "hart"
+                    else f"{', '.join(other)} on a text-to-image model: weight and recovery methods apply to the "
+                         f"class-conditional VAR models; token methods (fastvar, stepvar, tome) to the Infinity family too")
+            print(f"varbench: error: {what}", file=sys.stderr)
             return 2
-        return _INFO_BY_KIND[kind](args, card)
+        return _INFO_BY_KIND[kind](args, card, chain)
     from bench.accounting import info
     from bench.method import Context, apply_chain
     from bench.spec import resolve_chain
@@ -76,7 +81,7 @@ def _cmd_info(args) -> int:
     return 0
 
 
-def _info_t2i(args, card) -> int:
+def _info_t2i(args, card, chain=()) -> int:
     from bench.accounting import TEXT_TOKENS, t2i_info
     if args.text_tokens is None:
         args.text_tokens = min(TEXT_TOKENS, card.inf_cfg.text_maxlen)
@@ -84,7 +89,13 @@ def _info_t2i(args, card) -> int:
         print(f"varbench: error: --text-tokens {args.text_tokens} is out of range [1, {card.inf_cfg.text_maxlen}] "
               f"for {card.name}", file=sys.stderr)
         return 2
-    out = t2i_info(card.build(device="meta", text=card.world == "tiny"), card, text_tokens=args.text_tokens)
+    gen = card.build(device="meta", text=card.world == "tiny")
+    if chain:   # token methods run on the meta device as the sampler does: FLOPs of the kept tokens
+        from bench.method import Context, apply_chain
+        gen = apply_chain(gen, chain, Context(progress=False))
+    out = t2i_info(gen, card, text_tokens=args.text_tokens)
+    if chain:
+        out["methods"] = list(chain)
     if args.json:
         print(json.dumps(out))
         return 0
@@ -106,7 +117,7 @@ def _info_t2i(args, card) -> int:
     return 0
 
 
-def _info_hart(args, card) -> int:
+def _info_hart(args, card, chain=()) -> int:
     from bench.accounting import hart_info
     out = hart_info(card)
     if args.json:

@@ -336,11 +336,15 @@ def report(specs, records, labels: Sequence[str]) -> str:
         if "ops_cpu" in c:
             lines.append(f"  {lab[:40]:40s} Core ML ops: CPU {c['ops_cpu']}  GPU {c['ops_gpu']}  NPU {c['ops_npu']}"
                          f"  (load {rec['timings'].get('coreml_load_s', 0):.2f} s)")
-    lines.append("per-scale ms (median of separate synchronised generations; decode = VQVAE decode + uint8):")
+    lines.append("per-scale ms (median of separate synchronised generations; decode = VQVAE decode + uint8), "
+                 "and the scales' speed-up (decode left out, as in the FLOPs ratio):")
+    base_scales = sum(base["cost"]["per_scale_ms"])
     for lab, rec in zip(labels, records):
         c = rec["cost"]
+        scales = sum(c["per_scale_ms"])
         lines.append(f"  {lab[:32]:32s} " + " ".join(f"{x:.0f}" for x in c["per_scale_ms"])
-                     + f" | decode {c['decode_ms']:.0f}" + (f" | compile {c['compile_s']:.1f} s" if "compile_s" in c else ""))
+                     + f" | decode {c['decode_ms']:.0f}" + (f" | compile {c['compile_s']:.1f} s" if "compile_s" in c else "")
+                     + (f" | scales {scales:.0f} ms, {base_scales / scales:.2f}×" if scales > 0 else ""))
     lines.append("speed-up = median of the first configuration / median of this one (one run, same machine); "
                  "FLOPs ratio likewise from the transformer's sampling FLOPs")
     return "\n".join(lines)

@@ -73,6 +73,23 @@ def apply_chain(gen: Generator, specs: Sequence[str], ctx: Context) -> Generator
     return gen
 
 
+class TokenMethod(Method):
+    """Base of the ``tokens`` methods: they install a token policy (``bench.models.policy``) in a
+    VAR-family generator's sampling loop; ``target`` gives the family, blocks and scale sizes."""
+    kind = "tokens"
+    FAMILIES = ("var", "infinity")
+
+    def target(self, gen) -> Tuple[str, list, Tuple[Tuple[int, int], ...]]:
+        family = getattr(gen, "family", None)
+        if family == "hart":
+            raise NotImplementedError(f"{self.name} on HART: its sampling loop does not call a token policy yet "
+                                      f"(supported: class-conditional VAR and the Infinity family)")
+        if family not in self.FAMILIES:
+            raise ValueError(f"{self.name}: {type(gen).__name__} is not a VAR-family generator "
+                             f"(families: {', '.join(self.FAMILIES)})")
+        return family, list(gen.blocks), tuple(tuple(hw) for hw in gen.scales_hw)
+
+
 class StructuredPruner(Method):
     """Base of the ``weights`` methods that remove heads and FFN channels (uniform or ``log`` schedule).
 

@@ -38,7 +38,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from bench.method import Method
+from bench.method import TokenMethod
 from bench.models.policy import TokenPolicy
 from bench.registry import METHODS
 from bench.spec import SpecError
@@ -116,7 +116,7 @@ class FastVARPolicy(TokenPolicy):
         B, L, _ = h_BLC.shape
         keep_Bl = self.pivotal(x_BLC if x_BLC is not None else h_BLC, L - int(L * ratio))
         h_BlC = h_BLC.gather(1, keep_Bl.unsqueeze(-1).expand(-1, -1, h_BLC.shape[-1]))
-        out_BlC = fn(h_BlC)
+        out_BlC = fn(h_BlC, keep_Bl=keep_Bl)
         return self.restore_cached(kind, block_idx, keep_Bl, out_BlC, L)
 
     @staticmethod
@@ -137,13 +137,14 @@ class FastVARPolicy(TokenPolicy):
 
 
 @METHODS.register("fastvar")
-class FastVAR(Method):
+class FastVAR(TokenMethod):
     name = "fastvar"
-    kind = "tokens"
     deviations = (
         "the cache holds each sub-layer's output before its residual gate γ and the block applies γ after "
         "restoration (official: cached after γ); γ is the same AdaLN vector at every scale of a generation, "
         "so the two differ only by float rounding",
+        "schedules are relative to the model's scale list (official Infinity code keys them on the widths of "
+        "the 1:1 1024² schedule and prunes no other aspect ratio)",
     )
 
     def __init__(self, **params):
@@ -157,29 +158,23 @@ class FastVAR(Method):
             raise SpecError(f"fastvar: {e}") from None
 
     def schedule_for(self, gen) -> Tuple[Dict[int, float], int, Tuple[int, ...], str]:
-        family = getattr(gen, "family", None)
-        if family not in PRESETS:
-            raise ValueError(f"fastvar: no schedule for a {type(gen).__name__} (model families: {', '.join(PRESETS)})")
-        if family != "var":
-            raise NotImplementedError(f"fastvar on the {family} family needs its attention run at kept positions "
-                                      f"(RoPE gathered at the kept tokens), which varbench does not do yet; "
-                                      f"class-conditional VAR models (var-d*, tiny-var) are supported")
+        family, blocks, hws = self.target(gen)
         preset = family if self.schedule == "auto" else self.schedule
         drop = PRESETS[preset][0] if self.drop == "auto" else parse_drop(self.drop)
-        K = len(gen.patch_nums)
+        K = len(hws)
         if len(drop) >= K:
             raise ValueError(f"fastvar: drop={self.drop} prunes {len(drop)} scales but the model has {K}: "
                              f"at least one dense scale must come first (the cache scale)")
-        depth = len(gen.var.blocks)
-        blocks = parse_layers(PRESETS[preset][1] if self.layers == "auto" else self.layers, depth)
+        layer_ids = parse_layers(PRESETS[preset][1] if self.layers == "auto" else self.layers, len(blocks))
         drop_by_scale = {K - len(drop) + i: r for i, r in enumerate(drop)}
-        return drop_by_scale, K - len(drop) - 1, blocks, preset
+        return drop_by_scale, K - len(drop) - 1, layer_ids, preset
 
     def apply(self, gen, ctx):
-        drop_by_scale, cache_si, blocks, preset = self.schedule_for(gen)
-        gen.token_policy = FastVARPolicy(drop_by_scale, cache_si, blocks)
-        pns = gen.patch_nums
-        sched = ", ".join(f"{pns[si]}²: {r:g}" for si, r in drop_by_scale.items())
-        span = f"blocks {blocks[0]}–{blocks[-1]}" if len(blocks) < len(gen.var.blocks) else "all blocks"
-        ctx.notes.append(f"fastvar ({preset} schedule): drop {{{sched}}}, cache at {pns[cache_si]}², {span}")
+        drop_by_scale, cache_si, layer_ids, preset = self.schedule_for(gen)
+        gen.token_policy = FastVARPolicy(drop_by_scale, cache_si, layer_ids)
+        hws = tuple(gen.scales_hw)
+        sched = ", ".join(f"{hws[si][0]}×{hws[si][1]}: {r:g}" for si, r in drop_by_scale.items())
+        span = f"blocks {layer_ids[0]}–{layer_ids[-1]}" if len(layer_ids) < len(gen.blocks) else "all blocks"
+        ctx.notes.append(f"fastvar ({preset} schedule): drop {{{sched}}}, cache at "
+                         f"{hws[cache_si][0]}×{hws[cache_si][1]}, {span}")
         return gen

@@ -31,7 +31,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from bench.method import Method
+from bench.method import TokenMethod
 from bench.models.policy import TokenPolicy
 from bench.registry import METHODS
 from bench.spec import SpecError
@@ -90,7 +90,7 @@ class StepVARPolicy(TokenPolicy):
         self.drop, self.score, self.alpha, self.components = dict(drop_by_scale), score, alpha, components
         self.filter, self.restore, self.seed = filter, restore, seed
         self.hw: Tuple[int, int] = (0, 0)
-        self.keep_Bl: Optional[torch.Tensor] = None
+        self.scale_keep: Optional[torch.Tensor] = None
         self.rng: Optional[torch.Generator] = None
 
     def begin(self, batch: int, patch_nums) -> None:
@@ -122,16 +122,16 @@ class StepVARPolicy(TokenPolicy):
     def enter_scale(self, si: int, x_BLC: torch.Tensor) -> torch.Tensor:
         ratio = self.drop.get(si, 0.0)
         if ratio == 0.0:
-            self.keep_Bl = None
+            self.scale_keep = None
             return x_BLC
         L = x_BLC.shape[1]
-        self.keep_Bl = self.scores(x_BLC).argsort(dim=1, descending=True, stable=True)[:, :L - int(L * ratio)]
-        return x_BLC.gather(1, self.keep_Bl.unsqueeze(-1).expand(-1, -1, x_BLC.shape[-1]))
+        self.scale_keep = self.scores(x_BLC).argsort(dim=1, descending=True, stable=True)[:, :L - int(L * ratio)]
+        return x_BLC.gather(1, self.scale_keep.unsqueeze(-1).expand(-1, -1, x_BLC.shape[-1]))
 
     def exit_scale(self, si: int, x_BlC: torch.Tensor) -> torch.Tensor:
-        if self.keep_Bl is None:
+        if self.scale_keep is None:
             return x_BlC
-        keep_Bl, self.keep_Bl = self.keep_Bl, None
+        keep_Bl, self.scale_keep = self.scale_keep, None
         B, n, C = x_BlC.shape
         pos_L2 = grid(*self.hw, device=x_BlC.device)
         dist_BLn = torch.cdist(pos_L2.expand(B, -1, -1), pos_L2[keep_Bl])
@@ -148,9 +148,8 @@ class StepVARPolicy(TokenPolicy):
 
 
 @METHODS.register("stepvar")
-class StepVAR(Method):
+class StepVAR(TokenMethod):
     name = "stepvar"
-    kind = "tokens"
     deviations = (
         "re-implemented from the paper (no public code): the high-pass filter (3×3 Laplacian), the number of "
         "principal components (2), the rank combination α·rank(texture) + (1−α)·rank(structure) with α = 0.5, "
@@ -166,13 +165,9 @@ class StepVAR(Method):
             raise SpecError(f"stepvar: {e}") from None
 
     def schedule_for(self, gen) -> Dict[int, float]:
-        family = getattr(gen, "family", None)
-        if family != "var":
-            raise NotImplementedError(f"stepvar on the {family} family needs its attention run at kept positions "
-                                      f"(RoPE gathered at the kept tokens), which varbench does not do yet; "
-                                      f"class-conditional VAR models (var-d*, tiny-var) are supported")
+        _, _, hws = self.target(gen)
         drop = parse_drop(self.drop)
-        K = len(gen.patch_nums)
+        K = len(hws)
         if len(drop) >= K:
             raise ValueError(f"stepvar: drop={self.drop} prunes {len(drop)} scales but the model has {K}: "
                              f"the first scale must stay dense")
@@ -182,7 +177,7 @@ class StepVAR(Method):
         drop_by_scale = self.schedule_for(gen)
         gen.token_policy = StepVARPolicy(drop_by_scale, self.score, self.alpha, self.components, self.filter,
                                          self.restore, self.seed)
-        pns = gen.patch_nums
-        sched = ", ".join(f"{pns[si]}²: {r:g}" for si, r in drop_by_scale.items())
+        hws = tuple(gen.scales_hw)
+        sched = ", ".join(f"{hws[si][0]}×{hws[si][1]}: {r:g}" for si, r in drop_by_scale.items())
         ctx.notes.append(f"stepvar: drop {{{sched}}}, score={self.score}, restore={self.restore}")
         return gen

@@ -26,15 +26,16 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from bench.method import Method
+from bench.method import TokenMethod
 from bench.models.policy import TokenPolicy
 from bench.registry import METHODS
 
 
 def random2d_matching(metric_BNC: torch.Tensor, h: int, w: int, r: int, sx: int = 2, sy: int = 2,
-                      rng: Optional[torch.Generator] = None) -> Tuple[Callable, Callable]:
-    """(merge, unmerge) for an h×w map: one destination per sx×sy window, the r most similar sources
-    merged into their best destination (cosine similarity of ``metric``)."""
+                      rng: Optional[torch.Generator] = None) -> Tuple[Callable, Callable, torch.Tensor]:
+    """(merge, unmerge, positions) for an h×w map: one destination per sx×sy window, the r most
+    similar sources merged into their best destination (cosine similarity of ``metric``); positions
+    [B, N − r]: where each merged token sits (an unmerged source's own, a destination's own)."""
     B, N, _ = metric_BNC.shape
     dev = metric_BNC.device
     hs, ws = h // sy, w // sx
@@ -75,7 +76,8 @@ def random2d_matching(metric_BNC: torch.Tensor, h: int, w: int, r: int, sx: int 
         out.scatter_(1, src_pos.gather(1, merged_Br).unsqueeze(-1).expand(-1, -1, C), pick(dst, into_Br))
         return out
 
-    return merge, unmerge
+    positions_Bn = torch.cat((src_N.expand(B, -1).gather(1, unm_Bu), dst_N.expand(B, -1)), dim=1)
+    return merge, unmerge, positions_Bn
 
 
 class ToMePolicy(TokenPolicy):
@@ -100,33 +102,28 @@ class ToMePolicy(TokenPolicy):
         if draw and self.rng is None:
             self.rng = torch.Generator(device=h_BLC.device).manual_seed(self.seed)
         L = h_BLC.shape[1]
-        merge, unmerge = random2d_matching(x_BLC if x_BLC is not None else h_BLC, *self.hw, int(L * ratio),
-                                           rng=self.rng if draw else None)
-        return unmerge(fn(merge(h_BLC)))
+        merge, unmerge, pos_Bn = random2d_matching(x_BLC if x_BLC is not None else h_BLC, *self.hw, int(L * ratio),
+                                                   rng=self.rng if draw else None)
+        return unmerge(fn(merge(h_BLC), keep_Bl=pos_Bn))
 
 
 @METHODS.register("tome")
-class ToMe(Method):
+class ToMe(TokenMethod):
     name = "tome"
-    kind = "tokens"
     deviations = (
         "tomesd's random destinations come from a policy-owned generator seeded at every sampling call (tomesd: "
-        "a copy of the global RNG state per call); applied at the last `scales` scales of the VAR",
+        "a copy of the global RNG state per call); applied at the last `scales` scales of the VAR; with RoPE "
+        "(Infinity) a merged token rotates at its destination's position",
     )
 
     def apply(self, gen, ctx):
-        family = getattr(gen, "family", None)
-        if family != "var":
-            raise NotImplementedError(f"tome on the {family} family needs its attention run at merged positions "
-                                      f"(RoPE for merged tokens), which varbench does not do yet; class-conditional "
-                                      f"VAR models (var-d*, tiny-var) are supported")
-        K = len(gen.patch_nums)
+        _, _, hws = self.target(gen)
+        K = len(hws)
         if self.scales >= K:
             raise ValueError(f"tome: scales={self.scales} but the model has {K} scales; the first must stay unmerged")
         ratio_by_scale = {si: self.ratio for si in range(K - self.scales, K)}
         kinds = ("attn", "ffn") if self.ffn else ("attn",)
         gen.token_policy = ToMePolicy(ratio_by_scale, kinds, self.use_rand, self.seed)
-        pns = gen.patch_nums
-        ctx.notes.append(f"tome: ratio {self.ratio:g} at {', '.join(f'{pns[si]}²' for si in ratio_by_scale)}, "
+        ctx.notes.append(f"tome: ratio {self.ratio:g} at {', '.join(f'{hws[si][0]}×{hws[si][1]}' for si in ratio_by_scale)}, "
                          f"merging {' and '.join(kinds)}")
         return gen

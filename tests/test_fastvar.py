@@ -115,7 +115,7 @@ def test_only_the_pruned_scales_change(small_gen):
     for si in range(K - 2):
         assert torch.equal(got[si], ref[si]), f"scale {si} is before the pruned scales but changed"
     assert not torch.allclose(got[K - 1], ref[K - 1])
-    assert "var schedule" in ctx.notes[0] and "4²: 0.5, 8²: 0.75" in ctx.notes[0] and "cache at 3²" in ctx.notes[0]
+    assert "var schedule" in ctx.notes[0] and "4×4: 0.5, 8×8: 0.75" in ctx.notes[0] and "cache at 3×3" in ctx.notes[0]
 
 
 def test_a_skipped_scale_ends_sampling(small_gen):
@@ -168,11 +168,11 @@ def test_parsing_and_errors(small_gen):
         _fastvar(small_gen, "fastvar:drop=0/0/0/0/0.5")
 
 
-def test_t2i_models_say_what_is_missing():
+def test_unsupported_generators_say_why():
     from types import SimpleNamespace
 
     from methods.fastvar import FastVAR
-    with pytest.raises(NotImplementedError, match="RoPE"):
-        FastVAR().schedule_for(SimpleNamespace(family="infinity"))
-    with pytest.raises(ValueError, match="no schedule"):
+    with pytest.raises(NotImplementedError, match="HART"):
+        FastVAR().schedule_for(SimpleNamespace(family="hart"))
+    with pytest.raises(ValueError, match="not a VAR-family generator"):
         FastVAR().schedule_for(SimpleNamespace())

@@ -82,7 +82,7 @@ def test_nearest_and_linear_restoration():
     x = torch.zeros(1, 16, 3)
     x[0, 5] = 1.0                                      # one bright token: the Laplacian's top scores around it
     kept_in = pol.enter_scale(0, x)
-    keep = pol.keep_Bl[0].tolist()
+    keep = pol.scale_keep[0].tolist()
     assert len(keep) == 4 and 5 in keep and set(keep) <= {1, 4, 5, 6, 9}
     y = torch.arange(4.0).view(1, 4, 1).expand(1, 4, 2).clone()   # a distinct output per kept token
     out = pol.exit_scale(0, y)
@@ -90,13 +90,13 @@ def test_nearest_and_linear_restoration():
     for i in range(16):
         d = [((pos[i][0] - pos[k][0]) ** 2 + (pos[i][1] - pos[k][1]) ** 2) for k in keep]
         assert out[0, i, 0].item() == float(d.index(min(d))), f"position {i}"
-    assert kept_in.shape == (1, 4, 3) and pol.keep_Bl is None
+    assert kept_in.shape == (1, 4, 3) and pol.scale_keep is None
 
     pol = StepVARPolicy({0: 0.75}, score="hpf", restore="linear")
     pol.begin(1, (4,))
     pol.begin_scale(0, 4)
     pol.enter_scale(0, x)
-    keep = pol.keep_Bl[0].tolist()
+    keep = pol.scale_keep[0].tolist()
     out = pol.exit_scale(0, y)
     for j, k in enumerate(keep):
         assert out[0, k, 0].item() == float(j)          # a kept position keeps its own output
@@ -111,8 +111,8 @@ def test_the_kept_set_is_shared_by_the_cfg_halves_and_the_kv_cache_holds_it(smal
 
     def spy(si, x):
         out = orig(si, x)
-        if gen.token_policy.keep_Bl is not None:
-            kept[si] = gen.token_policy.keep_Bl.clone()
+        if gen.token_policy.scale_keep is not None:
+            kept[si] = gen.token_policy.scale_keep.clone()
         return out
     gen.token_policy.enter_scale = spy
     B = 2
@@ -167,9 +167,12 @@ def test_tome_merge_unmerge_against_loops(h, w, r):
     N = h * w
     metric, x = torch.randn(2, N, 8, generator=g), torch.randn(2, N, 5, generator=g)
     lin = torch.nn.Linear(5, 5)
-    merge, unmerge = random2d_matching(metric, h, w, r)
+    merge, unmerge, pos = random2d_matching(metric, h, w, r)
     merged = merge(x)
-    assert merged.shape == (2, N - r, 5)
+    assert merged.shape == (2, N - r, 5) and pos.shape == (2, N - r)
+    n_unm = N - r - (h // 2) * (w // 2)   # the unmerged sources come first, at their own positions
+    torch.testing.assert_close(merged[:, :n_unm], x.gather(1, pos[:, :n_unm, None].expand(-1, -1, 5)))
+    assert sorted(pos[0].tolist()) == sorted(set(pos[0].tolist())), "two merged tokens at one position"
     with torch.no_grad():
         torch.testing.assert_close(unmerge(lin(merged)), _brute_tome(metric, x, lin, h, w, r))
     if r == 0:

@@ -70,6 +70,16 @@ class Generator(nn.Module):
         return self.var.pos_1LC.device
 
     @property
+    def blocks(self):
+        """The transformer blocks, in order (token methods' layer ranges index them)."""
+        return self.var.blocks
+
+    @property
+    def scales_hw(self):
+        """(h, w) of every scale's token map."""
+        return tuple((pn, pn) for pn in self.patch_nums)
+
+    @property
     def patch_nums(self):
         return self.var.patch_nums
 

@@ -250,6 +250,8 @@ class AdaLNBeforeHead(nn.Module):
 
 # ---------------------------------------------------------------- the model
 class HART(nn.Module):
+    family = "hart"   # token methods: HART's sampling loop does not call a token policy yet
+
     def __init__(self, cfg: HARTConfig, tokenizer=None):
         super().__init__()
         self.cfg = cfg.check()

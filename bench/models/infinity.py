@@ -66,6 +66,21 @@ def apply_rope(q_BHLc: torch.Tensor, k_BHLc: torch.Tensor, cs_2Lh: torch.Tensor)
     return rot(q_BHLc), rot(k_BHLc)
 
 
+class Rope:
+    """``rope(q, k)`` with a scale's cos/sin table [2, L, hd/2]; ``rope.at(keep_Bl)`` is the same rotation
+    for a subset of the scale's tokens, per batch row (token methods: kept tokens keep their true
+    positions, as FastVAR's ``apply_rotary_emb_fastvar``)."""
+
+    def __init__(self, cs_2Lh: torch.Tensor):
+        self.cs = cs_2Lh
+
+    def __call__(self, q_BHLc, k_BHLc):
+        return apply_rope(q_BHLc, k_BHLc, self.cs)
+
+    def at(self, keep_Bl: torch.Tensor) -> "Rope":
+        return Rope(self.cs[:, keep_Bl].unsqueeze(2))   # [2, B, 1, l, hd/2]: broadcast over heads
+
+
 # ---------------------------------------------------------------- text side
 class RMSNorm(nn.Module):
     """``FastRMSNorm`` (affine): x·rsqrt(mean(x²)+eps)·w in fp32."""
@@ -171,15 +186,17 @@ class CrossAttnBlock(nn.Module):
     def forward(self, x_BLC, gss_B16C, text, attn_bias=None, rope=None, route: Route = None):
         gamma1, gamma2, scale1, scale2, shift1, shift2 = (self.ada_gss + gss_B16C).unbind(2)
         kv_BTC, mask_BT = text
-        sa = lambda h: self.sa(h, attn_bias, rope)  # noqa: E731
-        ca = lambda h: self.ca(h, kv_BTC, mask_BT)  # noqa: E731
+        # sub-layers as the token-policy hook calls them: on a subset, keep_Bl gives its positions
+        sa = lambda h, keep_Bl=None: self.sa(h, attn_bias, rope if keep_Bl is None or rope is None else rope.at(keep_Bl))  # noqa: E731
+        ca = lambda h, keep_Bl=None: self.ca(h, kv_BTC, mask_BT)  # noqa: E731
+        ffn = lambda h, keep_Bl=None: self.ffn(h)  # noqa: E731
         h = self.ln_wo_grad(x_BLC.float()).mul(scale1.add(1)).add_(shift1)
         h = sa(h) if route is None else route("attn", self.block_idx, h, sa, x_BLC)
         x_BLC = x_BLC + self.drop_path(h.mul(gamma1))
         h = self.ca_norm(x_BLC)
         x_BLC = x_BLC + (ca(h) if route is None else route("ca", self.block_idx, h, ca, x_BLC)).float()
         h = self.ln_wo_grad(x_BLC.float()).mul(scale2.add(1)).add_(shift2)
-        h = self.ffn(h) if route is None else route("ffn", self.block_idx, h, self.ffn, x_BLC)
+        h = self.ffn(h) if route is None else route("ffn", self.block_idx, h, ffn, x_BLC)
         return x_BLC + self.drop_path(h.mul(gamma2))
 
 
@@ -249,8 +266,8 @@ class Infinity(nn.Module):
     def ada_gss(self, cond_BD):
         return self.shared_ada_lin(cond_BD.float())
 
-    def rope_fn(self, cs_2Lh: torch.Tensor):
-        return lambda q, k: apply_rope(q, k, cs_2Lh)
+    def rope_fn(self, cs_2Lh: torch.Tensor) -> "Rope":
+        return Rope(cs_2Lh)
 
     def run_blocks(self, x_BLC, gss, text, attn_bias=None, rope=None, route: Route = None):
         for b in self.block_list:

@@ -11,9 +11,13 @@ no model file is edited. Attention run on kept tokens appends only their keys an
 cache: later scales attend to what was computed. ``skip(si)`` ends sampling before scale ``si``
 (trailing scales only; the image is decoded from the latent accumulated so far).
 
+``fn(h_BlC, keep_Bl=...)`` runs the sub-layer on a subset of the scale's tokens; ``keep_Bl`` [B, l]
+are their positions in the scale's map (models with RoPE rotate them at those positions).
+
 A policy may instead shorten a whole scale: ``enter_scale`` returns the tokens the block stack runs
-on (every block, attention and KV cache included, sees only those) and ``exit_scale`` returns the
-full-length map the head reads (StepVAR). Both default to the identity. The identity policy computes every token and is bit-identical to having no
+on (every block, attention and KV cache included, sees only those), with their positions in
+``scale_keep`` (None: all), and ``exit_scale`` returns the full-length map the head reads (StepVAR).
+Both default to the identity. The identity policy computes every token and is bit-identical to having no
 policy at all (tests/test_sampling.py).
 """
 from __future__ import annotations
@@ -27,6 +31,7 @@ class TokenPolicy:
     """Identity policy. Subclasses override ``select`` / ``restore`` (and the scale callbacks)."""
 
     name = "identity"
+    scale_keep: Optional[torch.Tensor] = None   # positions [B, l] of the tokens enter_scale kept (None: all)
 
     def begin(self, batch: int, patch_nums) -> None:
         """Called once per sampling call, before scale 0."""
@@ -66,7 +71,7 @@ class TokenPolicy:
         if keep_Bl is None:
             return fn(h_BLC)
         h_BlC = h_BLC.gather(1, keep_Bl.unsqueeze(-1).expand(-1, -1, h_BLC.shape[-1]))
-        return self.restore(si, kind, block_idx, h_BLC, keep_Bl, fn(h_BlC))
+        return self.restore(si, kind, block_idx, h_BLC, keep_Bl, fn(h_BlC, keep_Bl=keep_Bl))
 
     def route(self, si: int):
         """The ``route`` callable handed to the blocks for scale ``si``."""

@@ -57,6 +57,16 @@ class T2IGenerator(nn.Module):
     def schedule(self) -> Tuple[Tuple[int, int], ...]:
         return tuple(self.infinity.cfg.scale_schedule)
 
+    @property
+    def blocks(self):
+        """The transformer blocks, in order (token methods' layer ranges index them)."""
+        return self.infinity.block_list
+
+    @property
+    def scales_hw(self):
+        """(h, w) of every scale's token map."""
+        return self.schedule
+
     def encode_prompts(self, prompts: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
         if self.text_encoder is None:
             raise RuntimeError(f"{self.name or 'this generator'} has no text encoder: pass text features "
@@ -106,10 +116,10 @@ class T2IGenerator(nn.Module):
                 x_BLC = x_BLC + inf.lvl_embed.weight[si]   # level embedding, once, before the first block
                 policy.begin_scale(si, (h, w))
                 x_in = policy.enter_scale(si, x_BLC)
-                if x_in.shape[1] != x_BLC.shape[1]:
-                    raise NotImplementedError(f"{policy.name}: shortening a scale of the Infinity class needs RoPE at the "
-                                              f"kept positions, which varbench does not do yet")
-                x_BLC = inf.run_blocks(x_in, gss, text, None, inf.rope_fn(cs_2Lh[:, cur:cur + l]), policy.route(si))
+                rope = inf.rope_fn(cs_2Lh[:, cur:cur + l])
+                if x_in.shape[1] != x_BLC.shape[1]:   # a shortened scale: its tokens rotate at their own positions
+                    rope = rope.at(policy.scale_keep)
+                x_BLC = inf.run_blocks(x_in, gss, text, None, rope, policy.route(si))
                 x_BLC = policy.exit_scale(si, x_BLC)
                 policy.end_scale(si, x_BLC)
                 cur += l

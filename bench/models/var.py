@@ -136,12 +136,15 @@ class AdaLNSelfAttn(nn.Module):
         if ada_B16C is None:
             ada_B16C = self.ada(cond_BD)
         gamma1, gamma2, scale1, scale2, shift1, shift2 = ada_B16C.unbind(2)  # official chunk order
-        attn = lambda h: self.attn(h, attn_bias)  # noqa: E731
+        # sub-layers as the token-policy hook calls them (keep_Bl: a subset's positions; VAR needs none:
+        # its position embeddings were added at the input)
+        attn = lambda h, keep_Bl=None: self.attn(h, attn_bias)  # noqa: E731
+        ffn = lambda h, keep_Bl=None: self.ffn(h)  # noqa: E731
         h = self.ln_wo_grad(x_BLC).mul(scale1.add(1)).add_(shift1)
         h = attn(h) if route is None else route("attn", self.block_idx, h, attn, x_BLC)
         x_BLC = x_BLC + self.drop_path(h.mul(gamma1))
         h = self.ln_wo_grad(x_BLC).mul(scale2.add(1)).add_(shift2)
-        h = self.ffn(h) if route is None else route("ffn", self.block_idx, h, self.ffn, x_BLC)
+        h = self.ffn(h) if route is None else route("ffn", self.block_idx, h, ffn, x_BLC)
         return x_BLC + self.drop_path(h.mul(gamma2))
 
 
