@@ -214,6 +214,11 @@ def export(gen, out: str | os.PathLike, batch: int = 1, precision: str = "fp16",
     if out.suffix != ".mlpackage":
         raise ValueError(f"--out {out}: a Core ML package path must end in .mlpackage")
     dtype = np.float16 if precision == "fp16" else np.float32
+    policy = getattr(gen, "token_policy", None)
+    if policy is not None and getattr(policy, "name", "identity") != "identity":
+        # the package's per-scale functions run every token: exporting would silently drop the method
+        raise ValueError(f"Core ML export of a token method ({policy.name}) is not supported: the package's "
+                         f"per-scale functions compute every token; export the chain without it")
     gen = gen.eval().requires_grad_(False)
     tmp = Path(tempfile.mkdtemp(prefix="varbench-coreml-"))
     try:

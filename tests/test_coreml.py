@@ -285,3 +285,13 @@ def test_latency_cli_on_coreml_with_the_runtime_faked(tmp_path, capsys, monkeypa
         assert r["cost"]["ops_gpu"] == 6 and r["cost"]["ops_cpu"] == 0 and r["metrics"]["latency_ms"]["value"] > 0
         assert "scale_0" in r["cost"]["package_ops_by_function"] and r["cost"]["package_ops"] > 100
         assert r["timings"]["export_s"] > 0
+
+
+def test_export_refuses_a_token_method(small_gen, tmp_path):
+    """The package computes every token: a token method would be dropped silently, so it is refused."""
+    from bench.coreml import export
+    from bench.method import Context, apply_chain
+    gen = apply_chain(small_gen, ["fastvar"], Context(progress=False))
+    with pytest.raises(ValueError, match="token method \\(fastvar\\)"):
+        export(gen, tmp_path / "x.mlpackage", progress=False)
+    assert not (tmp_path / "x.mlpackage").exists()
