@@ -162,22 +162,22 @@ def test_token_keep_ratio_fails_naming_the_unimplemented_methods(root):
     with pytest.raises(EmptyFigureError) as e:
         render("token-keep-ratio", "tiny", root=root[0], out=root[0].parent / "o")
     msg = str(e.value)
-    assert "sets keep_ratio of fastvar, lazyvar, stepvar, tome" in msg and "shapes-c2i records of tiny-var" in msg
-    assert "fastvar, lazyvar, stepvar, tome: not implemented in varbench yet" in msg
+    assert "sets keep_ratio of lazyvar" in msg and "shapes-c2i records of tiny-var" in msg
+    assert "lazyvar: not implemented in varbench yet" in msg
 
 
 def test_sweep_says_not_implemented_only_for_methods_the_registry_lacks(tmp_path, monkeypatch):
     (tmp_path / "figs").mkdir()
     (tmp_path / "figs" / "mixed.yaml").write_text(
         "title: t\nkind: sweep\nmodel: {tiny: tiny-var}\nbench: {tiny: shapes-c2i}\n"
-        "x: {method_param: sparsity}\ny: fid\nmethods: [magnitude, fastvar]\n")
+        "x: {method_param: sparsity}\ny: fid\nmethods: [magnitude, lazyvar]\n")
     (tmp_path / "figs" / "bad.yaml").write_text(
         "title: t\nkind: sweep\nmodel: {tiny: tiny-var}\nbench: {tiny: shapes-c2i}\n"
         "x: {method_param: keep_ratio}\ny: fid\nmethods: [magnitude]\n")
     monkeypatch.setattr(figures, "figures_dir", lambda: tmp_path / "figs")
     with pytest.raises(EmptyFigureError) as e:
         figure("mixed", "tiny", tmp_path / "none")
-    assert "; fastvar: not implemented in varbench yet" in str(e.value) and "magnitude:sparsity=" in str(e.value)
+    assert "; lazyvar: not implemented in varbench yet" in str(e.value) and "magnitude:sparsity=" in str(e.value)
     with pytest.raises(FigureSpecError, match="method magnitude has no parameter 'keep_ratio'"):
         load_figure("bad")
 

@@ -174,7 +174,7 @@ def test_default_select_restore_is_gather_fn_zero_scatter():
     B, L, C, D = 3, 10, 6, 4
     h = torch.randn(B, L, C)
     W = torch.randn(C, D)
-    fn = lambda x: (x + x.cumsum(1)) @ W   # noqa: E731 — order-dependent, changes the channel count
+    fn = lambda x, keep_Bl=None: (x + x.cumsum(1)) @ W   # noqa: E731 — order-dependent, changes the channel count
     pol = _KeepHalf()
     out = pol.sublayer(2, "ffn", 1, h, fn)
     keep = pol.sel[0][4]
