@@ -16,8 +16,8 @@ At each pruned (late) scale, the scale's token map is scored once, before the fi
     a uniformly random subset (its baseline; seeded per sampling call by ``seed``).
 The whole block stack then runs on the kept tokens only (attention and its KV cache included), and
 **nearest-neighbour propagation** rebuilds the dense map the head reads: every pruned position takes
-the output features of the nearest kept position on the h×w grid (Euclidean; ties to the lower
-index). ``restore=linear`` (the paper's ablation "linear interpolation instead of nearest
+the output features of the nearest kept position on the h×w grid (Euclidean; ties go to the
+higher-scored kept token). ``restore=linear`` (the paper's ablation "linear interpolation instead of nearest
 neighbour") takes the inverse-distance-weighted mean of the 4 nearest kept positions.
 
 The scored map x is the block stack's input at that scale: the embedded upsampled latent plus, for
@@ -136,7 +136,7 @@ class StepVARPolicy(TokenPolicy):
         pos_L2 = grid(*self.hw, device=x_BlC.device)
         dist_BLn = torch.cdist(pos_L2.expand(B, -1, -1), pos_L2[keep_Bl])
         if self.restore == "nearest":
-            src_BL = dist_BLn.argmin(-1)   # first minimum: ties go to the lower (kept-order) index
+            src_BL = dist_BLn.argmin(-1)   # first minimum in kept (score) order: ties go to the higher-scored kept token
             return x_BlC.gather(1, src_BL.unsqueeze(-1).expand(-1, -1, C))
         k = min(LINEAR_NEIGHBOURS, n)
         d_BLk, src_BLk = dist_BLn.topk(k, dim=-1, largest=False)

@@ -5,17 +5,16 @@ import torch
 import torch.nn.functional as F
 
 from bench.accounting import sampling_flops
-from bench.method import Context, apply_chain
 from bench.models.var import VAR
 from methods.fastvar import FastVARPolicy, parse_drop, parse_layers
 from tests.conftest import SMALL_VAR, randomize_
+from tests.test_token_methods import _apply
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _fastvar(gen, spec="fastvar"):
-    ctx = Context(progress=False)
-    return apply_chain(gen, [spec], ctx), ctx
+    return _apply(gen, spec)
 
 
 @torch.no_grad()

@@ -6,46 +6,30 @@ import torch
 import torch.nn.functional as F
 
 from bench.accounting import t2i_sampling_flops
-from bench.method import Context, apply_chain
 from bench.models.bsq import BSQVAE
-from bench.models.configs import BSQConfig, InfinityConfig, TextConfig
 from bench.models.infinity import Infinity, Rope, rope2d_table
 from bench.models.t2i import T2IGenerator
 from bench.models.text import TinyTextEncoder
 from methods.fastvar import FastVARPolicy
+from tests.test_t2i import SMALL, SMALL_VAE, TEXT, _perturbed
+from tests.test_token_methods import _apply
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+# test_t2i's small Infinity with five scales: enough for a cache scale before two pruned ones
 SCHEDULE = ((1, 1), (2, 2), (3, 3), (4, 4), (6, 6))
-CFG5 = InfinityConfig(depth=2, width=64, num_heads=4, text_channels=128, text_maxlen=8, codebook_dim=8,
-                      block_chunks=1, scale_schedule=SCHEDULE, rope_grid=(6, 6), ca_bf16=False, vae_stride=2)
-VAE = BSQConfig(codebook_dim=8, base_ch=32, ch_mult=(1, 1), num_res_blocks=1, patch_size=2)
-TEXT = TextConfig(vocab=("<pad>", "a", "red", "blue", "circle", "square"), max_len=4, width=32, depth=1, heads=2,
-                  out_channels=128)
-
-
-def _perturbed(module, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return module
+CFG5 = SMALL.replace(block_chunks=1, scale_schedule=SCHEDULE, rope_grid=(6, 6))
 
 
 @pytest.fixture
 def t2i():
     torch.manual_seed(0)
-    return T2IGenerator(_perturbed(Infinity(CFG5)), _perturbed(BSQVAE(VAE), 1), TinyTextEncoder(TEXT)).eval()
+    return T2IGenerator(_perturbed(Infinity(CFG5)), _perturbed(BSQVAE(SMALL_VAE), 1), TinyTextEncoder(TEXT)).eval()
 
 
 def _sample(gen, hook=None, seed=3):
     feats, mask = gen.encode_prompts(["a red circle", "a blue square"])
     return gen.sample_bits(feats, mask, seed=seed, cfg=3.0, tau=1.0, top_k=0, top_p=0.0, logits_hook=hook)
-
-
-def _apply(gen, spec):
-    ctx = Context(progress=False)
-    return apply_chain(gen, [spec], ctx), ctx
 
 
 def test_rope_on_a_subset_rotates_at_the_kept_positions():

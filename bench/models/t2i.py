@@ -117,7 +117,7 @@ class T2IGenerator(nn.Module):
                 policy.begin_scale(si, (h, w))
                 x_in = policy.enter_scale(si, x_BLC)
                 rope = inf.rope_fn(cs_2Lh[:, cur:cur + l])
-                if x_in.shape[1] != x_BLC.shape[1]:   # a shortened scale: its tokens rotate at their own positions
+                if policy.scale_keep is not None:   # a shortened scale: its tokens rotate at their own positions
                     rope = rope.at(policy.scale_keep)
                 x_BLC = inf.run_blocks(x_in, gss, text, None, rope, policy.route(si))
                 x_BLC = policy.exit_scale(si, x_BLC)
