@@ -6,7 +6,7 @@ token policy or a pruned model changes is counted as it runs.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -144,13 +144,15 @@ def t2i_info(gen, card, text_tokens: int = TEXT_TOKENS) -> dict:
     }
 
 
-def hart_info(card) -> dict:
+def hart_info(card, model=None, chain: Sequence[str] = ()) -> dict:
     """``varbench info --json`` of HART: transformer (with its residual diffusion head), tokenizer and
     text model parameters; FLOPs of one image with the full 300-token context (official: the prompt is
-    padded to ``context_token`` and every position is processed)."""
+    padded to ``context_token`` and every position is processed). ``model``: the meta-device model
+    with a token method's policy installed (``chain`` names it; FLOPs are counted as the policy runs);
+    default: the dense model built from the card."""
     from bench.models.text import qwen2_params
     cfg = card.config()
-    model = card.build("meta", cfg)
+    model = card.build("meta", cfg) if model is None else model
     ctx = torch.zeros(1, cfg.context_token, cfg.context_dim, device="meta")
     mask = torch.ones(1, cfg.context_token, dtype=torch.long, device="meta")
 
@@ -183,4 +185,5 @@ def hart_info(card) -> dict:
         "depth": cfg.depth,
         "width": cfg.embed_dim,
         "sampling": dict(card.sampling),
+        **({"methods": list(chain)} if chain else {}),
     }

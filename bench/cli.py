@@ -40,10 +40,10 @@ def _cmd_info(args) -> int:
         from bench.spec import method_kind, parse_method, resolve_chain
         resolve_chain(chain)
         other = [m for m in chain if method_kind(parse_method(m)[0]) != "tokens"]
-        if other or (chain and kind != "t2i"):
-            what = ("token methods on HART: its sampling loop does not call a token policy yet" if kind == "hart"
-                    else f"{', '.join(other)} on a text-to-image model: weight and recovery methods apply to the "
-                         f"class-conditional VAR models; token methods (fastvar, stepvar, tome) to the Infinity family too")
+        if other:
+            what = (f"{', '.join(other)} on a text-to-image model: weight and recovery methods apply to the "
+                    f"class-conditional VAR models; token methods (fastvar, lazyvar, stepvar, tome) to the "
+                    f"text-to-image families too")
             print(f"varbench: error: {what}", file=sys.stderr)
             return 2
         return _INFO_BY_KIND[kind](args, card, chain)
@@ -119,7 +119,11 @@ def _info_t2i(args, card, chain=()) -> int:
 
 def _info_hart(args, card, chain=()) -> int:
     from bench.accounting import hart_info
-    out = hart_info(card)
+    model = None
+    if chain:   # token methods run on the meta device as the sampler does: FLOPs of the kept tokens
+        from bench.method import Context, apply_chain
+        model = apply_chain(card.build("meta", card.config()), chain, Context(progress=False))
+    out = hart_info(card, model, chain)
     if args.json:
         print(json.dumps(out))
         return 0

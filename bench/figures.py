@@ -372,11 +372,12 @@ def _swept(methods, param: str, only) -> Optional[Tuple[int, str, Dict[str, str]
 def sweep_series(spec, records, world) -> Tuple[List[dict], Optional[dict], List[str]]:
     """(series, dense, left_out): each series ``{key, label, colour_key, style_key, points}`` with points
     ``{x, y, yerr, n, run_id}`` sorted by x; ``dense`` the newest dense record's point (or None);
-    ``left_out`` the labels of the series that the spec's ``series`` patterns leave out."""
+    ``left_out`` the labels of the series that the spec's ``series`` patterns leave out, and of the chains
+    whose value of x is not one number (e.g. ``lazyvar:keep=0.2/0.1``, one ratio per scale)."""
     model, bench = _for_world(spec, "model", world), _for_world(spec, "bench", world)
     y, param, only = spec["y"], spec["x"]["method_param"], spec.get("methods")
     best: Dict[Tuple[tuple, float], dict] = {}
-    dense = None
+    dense, off_axis = None, set()
     for rec in records.values():
         s = rec["spec"]
         if (s["world"], s["model"], s["bench"]) != (world, model, bench) or y not in rec["metrics"]:
@@ -389,12 +390,12 @@ def sweep_series(spec, records, world) -> Tuple[List[dict], Optional[dict], List
         if hit is None:
             continue
         i, name, params = hit
+        swept = format_method(name, {k: v for k, v in params.items() if k != param})
         try:
             point["x"] = float(params[param])
-        except ValueError:
-            raise FigureSpecError(f"figure {spec['name']}: {param}={params[param]!r} in record {rec['run_id']} is not "
-                                  f"a number; a sweep's x must be a numeric parameter (categories: kind table_bars)") from None
-        swept = format_method(name, {k: v for k, v in params.items() if k != param})
+        except ValueError:   # e.g. lazyvar:keep=0.2/0.1 (one ratio per scale): not a point of this axis
+            off_axis.add(describe(s["methods"][:i] + [format_method(name, params)] + s["methods"][i + 1:]))
+            continue
         key = (tuple(s["methods"][:i]), swept, tuple(s["methods"][i + 1:]))
         if (key, point["x"]) not in best or point["created"] > best[key, point["x"]]["created"]:
             best[key, point["x"]] = point
@@ -407,7 +408,7 @@ def sweep_series(spec, records, world) -> Tuple[List[dict], Optional[dict], List
     pats = spec.get("series")
     keep = [s for s in series if pats is None
             or s["label"] in {p.replace("{method}", parse_method(s["key"][1])[0]) for p in pats}]
-    return keep, dense, [s["label"] for s in series if s not in keep]
+    return keep, dense, [s["label"] for s in series if s not in keep] + sorted(off_axis)
 
 
 def _sweep_empty(spec, world, root, left_out=()) -> EmptyFigureError:
@@ -425,7 +426,7 @@ def _sweep_empty(spec, world, root, left_out=()) -> EmptyFigureError:
     elif not having:
         msg += f"; no registered method has a parameter {param!r}"
     if left_out:
-        msg += f"; {len(left_out)} series left out by the spec's series: {', '.join(left_out)}"
+        msg += f"; {len(left_out)} series left out (by the spec's series, or x not one number): {', '.join(left_out)}"
     runnable = [m for m in (only or having) if m in METHODS]
     if runnable:
         msg += (f" (make them with e.g. `varbench run --model {model} --bench {bench} --method "
@@ -469,7 +470,8 @@ def _draw_sweep(spec, records, world, root, plt):
     note = (f"{spec['model'][world]} · {spec['bench'][world]} · n={'/'.join(map(str, ns))} · {world} world · "
             f"bars: ±stderr · " + ("no dense record" if dense is None else "dashed: dense (band ±stderr)"))
     if left_out:
-        note += f"\n{len(left_out)} other chain(s) setting {spec['x']['method_param']} not drawn (series: in the spec)"
+        note += (f"\n{len(left_out)} other chain(s) setting {spec['x']['method_param']} not drawn "
+                 f"(left out by the spec's series, or not one number)")
     return fig, note
 
 

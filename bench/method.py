@@ -77,13 +77,10 @@ class TokenMethod(Method):
     """Base of the ``tokens`` methods: they install a token policy (``bench.models.policy``) in a
     VAR-family generator's sampling loop; ``target`` gives the family, blocks and scale sizes."""
     kind = "tokens"
-    FAMILIES = ("var", "infinity")
+    FAMILIES = ("var", "infinity", "hart")
 
     def target(self, gen) -> Tuple[str, list, Tuple[Tuple[int, int], ...]]:
         family = getattr(gen, "family", None)
-        if family == "hart":
-            raise NotImplementedError(f"{self.name} on HART: its sampling loop does not call a token policy yet "
-                                      f"(supported: class-conditional VAR and the Infinity family)")
         if family not in self.FAMILIES:
             raise ValueError(f"{self.name}: {type(gen).__name__} is not a VAR-family generator "
                              f"(families: {', '.join(self.FAMILIES)})")

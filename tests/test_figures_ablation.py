@@ -158,26 +158,39 @@ def test_table_bars_show_exactly_the_tables_cells(root, tmp_path, name, table, m
     fig.clf()
 
 
-def test_token_keep_ratio_fails_naming_the_unimplemented_methods(root):
+def test_token_keep_ratio_without_records_says_what_it_looked_for(root):
     with pytest.raises(EmptyFigureError) as e:
         render("token-keep-ratio", "tiny", root=root[0], out=root[0].parent / "o")
     msg = str(e.value)
-    assert "sets keep_ratio of lazyvar" in msg and "shapes-c2i records of tiny-var" in msg
-    assert "lazyvar: not implemented in varbench yet" in msg
+    assert "sets keep of lazyvar" in msg and "shapes-c2i records of tiny-var" in msg
+    assert "not implemented" not in msg
+
+
+def test_token_keep_ratio_draws_lazyvar_keep_and_leaves_per_scale_ratios_off_the_axis(tmp_path):
+    root = tmp_path / "results"
+    _put(root, [], 1.4, 0.05)
+    _put(root, ["lazyvar:keep=0.5,pgd=false"], 4.5)
+    _put(root, ["lazyvar:keep=0.25,pgd=false"], 7.25)
+    _put(root, ["lazyvar:keep=0.5"], 5.5)
+    _put(root, ["lazyvar:keep=0.2/0.1/0.05/0.01"], 9.75)          # one ratio per scale: not one x
+    series, dense, left_out = sweep_series(load_figure("token-keep-ratio"), load_records(root), "tiny")
+    got = {s["label"]: [(p["x"], p["y"]) for p in s["points"]] for s in series}
+    assert got == {"lazyvar (pgd=false)": [(0.25, 7.25), (0.5, 4.5)], "lazyvar": [(0.5, 5.5)]}
+    assert dense["y"] == 1.4 and left_out == ["lazyvar (keep=0.2/0.1/0.05/0.01)"]
 
 
 def test_sweep_says_not_implemented_only_for_methods_the_registry_lacks(tmp_path, monkeypatch):
     (tmp_path / "figs").mkdir()
     (tmp_path / "figs" / "mixed.yaml").write_text(
         "title: t\nkind: sweep\nmodel: {tiny: tiny-var}\nbench: {tiny: shapes-c2i}\n"
-        "x: {method_param: sparsity}\ny: fid\nmethods: [magnitude, lazyvar]\n")
+        "x: {method_param: sparsity}\ny: fid\nmethods: [magnitude, ghostvar]\n")
     (tmp_path / "figs" / "bad.yaml").write_text(
         "title: t\nkind: sweep\nmodel: {tiny: tiny-var}\nbench: {tiny: shapes-c2i}\n"
         "x: {method_param: keep_ratio}\ny: fid\nmethods: [magnitude]\n")
     monkeypatch.setattr(figures, "figures_dir", lambda: tmp_path / "figs")
     with pytest.raises(EmptyFigureError) as e:
         figure("mixed", "tiny", tmp_path / "none")
-    assert "; lazyvar: not implemented in varbench yet" in str(e.value) and "magnitude:sparsity=" in str(e.value)
+    assert "; ghostvar: not implemented in varbench yet" in str(e.value) and "magnitude:sparsity=" in str(e.value)
     with pytest.raises(FigureSpecError, match="method magnitude has no parameter 'keep_ratio'"):
         load_figure("bad")
 
@@ -187,9 +200,9 @@ def test_cli_draws_the_figures_it_can_and_reports_the_token_figure(root, tmp_pat
     out, err = capsys.readouterr()
     for name in ("fid-vs-sparsity", "calibration", "recovery", "psad-gates"):
         assert f"{name}.pdf" in out
-    assert "figure token-keep-ratio:" in err and "not implemented in varbench yet" in err and "figures not drawn" in err
+    assert "figure token-keep-ratio:" in err and "sets keep of lazyvar" in err and "figures not drawn" in err
     assert main(["figures", "token-keep-ratio", "--results", str(root[0]), "--out", str(tmp_path / "o")]) == 2
-    assert "keep_ratio" in capsys.readouterr().err
+    assert "keep of lazyvar" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("K", [1, 2, 7, 10])

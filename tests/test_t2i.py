@@ -248,6 +248,12 @@ def test_info_json_infinity_2b_and_hart():
     assert 1.95 < out["flops"] / out["flops_no_cfg"] < 2.05
     h = hart_info(MODELS.get("hart-0.7b"))
     assert h["total_tokens"] == sum(p * p for p in (1, 2, 3, 4, 5, 7, 9, 12, 16, 21, 27, 36, 48, 64))
+    from bench.method import Context, apply_chain
+    hart = MODELS.get("hart-0.7b")
+    fast, lazy = (hart_info(hart, apply_chain(hart.build("meta", hart.config()), [m], Context(progress=False)), [m])
+                  for m in ("fastvar", "lazyvar"))
+    assert lazy["methods"] == ["lazyvar"] and h["flops"] > fast["flops"] and h["flops"] > lazy["flops"]
+    assert lazy["params"] == h["params"]   # token methods change no weight
 
 
 def test_hart_text_model_missing_error(tmp_path):

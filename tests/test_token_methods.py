@@ -194,7 +194,7 @@ def test_tome_errors(small_gen):
         _apply(small_gen, "tome:ratio=0.9")
 
 
-@pytest.mark.parametrize("token_method", ["fastvar", "stepvar", "tome"])
+@pytest.mark.parametrize("token_method", ["fastvar", "lazyvar", "stepvar", "tome"])
 def test_composition_weights_then_recovery_then_tokens(small_gen, token_method):
     """``evar + psad + <token method>``: the pruned, distilled model samples with the policy installed;
     its FLOPs are below the pruned model's, which are below the dense model's."""

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from bench.defaults import SAMPLING
 from bench.models.heap import reuse_heap
-from bench.models.policy import TokenPolicy
+from bench.models.policy import TokenPolicy, group_attn_bias
 from bench.models.var import VAR
 from bench.models.vqvae import VQVAE
 
@@ -88,7 +88,8 @@ class Generator(nn.Module):
     def sample_tokens(self, labels_B: torch.Tensor, seed: Optional[int] = 0, cfg: Optional[float] = SAMPLING["cfg"],
                       top_k: int = SAMPLING["top_k"], top_p: float = SAMPLING["top_p"], more_smooth: bool = False,
                       logits_hook: Optional[Callable[[int, torch.Tensor], None]] = None, cache_adaln: bool = True):
-        """Returns (token pyramid [list of B×pn² int64], f_hat). ``logits_hook(si, logits)`` sees the
+        """Returns (token pyramid [list of B×pn² int64; -1 where a token policy gave a position a zero
+        residual], f_hat). ``logits_hook(si, logits)`` sees the
         raw [cond; uncond] logits of every scale before CFG (used by tests and FID* tools).
 
         ``cfg=None`` samples without guidance on the conditional batch alone (no doubling); any number,
@@ -106,43 +107,72 @@ class Generator(nn.Module):
         lvl_pos_1LC = var.lvl_pos()
         # The condition is the same at every scale: AdaLN once per generation, not once per scale.
         blocks_ada, head_ada = var.ada_vectors(cond_2BD) if cache_adaln else (None, None)
-        x_BLC = var.first_tokens(cond_2BD)
+        first_BLC = var.first_tokens(cond_2BD)
         f_hat = cond_2BD.new_zeros(B, var.Cvae, self.patch_nums[-1], self.patch_nums[-1])
-        policy, tokens, cur_L = self.token_policy, [], 0
+        starts = [0]
+        for pn in self.patch_nums:
+            starts.append(starts[-1] + pn * pn)
+        policy, tokens, cached = self.token_policy, [], 0
         policy.begin(B, self.patch_nums)
         var.kv_caching(True, max_len=var.L)   # one preallocated KV buffer per block
         try:
-            for si, pn in enumerate(self.patch_nums):
-                if policy.skip(si):
+            for group in policy.groups(K):
+                if policy.skip(group[0]):
                     break   # f_hat already holds every earlier scale at the full latent size
-                ratio = si / (K - 1)
-                cur_L += pn * pn
-                policy.begin_scale(si, pn)
-                x_BLC = var.run_blocks(policy.enter_scale(si, x_BLC), cond_2BD, None, policy.route(si), blocks_ada)
-                x_BLC = policy.exit_scale(si, x_BLC)
-                policy.end_scale(si, x_BLC)
-                logits_2BlV = var.get_logits(x_BLC, cond_2BD, head_ada)
-                if logits_hook is not None:
-                    logits_hook(si, logits_2BlV)
-                if guided:
-                    t = cfg * ratio   # CFG ramps linearly with the scale index (official)
-                    logits_BlV = (1 + t) * logits_2BlV[:B] - t * logits_2BlV[B:]
+                # every scale of a group starts from the f_hat accumulated before the group (for a
+                # group of one: the official next-scale input, area-downsampled f_hat)
+                xs = []
+                for si in group:
+                    pn = self.patch_nums[si]
+                    if si == 0:
+                        x_BLC = first_BLC
+                    else:
+                        next_BChw = F.interpolate(f_hat, size=(pn, pn), mode="area")
+                        x_BLC = var.word_embed(next_BChw.flatten(2).transpose(1, 2)) + lvl_pos_1LC[:, starts[si]:starts[si + 1]]
+                        if guided:
+                            x_BLC = x_BLC.repeat(2, 1, 1)   # the CFG batch
+                    policy.begin_scale(si, pn)
+                    xs.append(x_BLC)
+                policy.begin_group(group, xs)
+                xs = [policy.enter_scale(si, x_BLC) for si, x_BLC in zip(group, xs)]
+                lens = [x.shape[1] for x in xs]
+                if not sum(lens):
+                    outs = xs   # every token of the group pruned: nothing to run
+                elif len(group) == 1:
+                    outs = [var.run_blocks(xs[0], cond_2BD, None, policy.route(group[0]), blocks_ada)]
                 else:
-                    logits_BlV = logits_2BlV
-                idx_Bl = sample_top_k_top_p(logits_BlV, top_k, top_p, rng)
-                tokens.append(idx_Bl)
-                if not more_smooth:
-                    h_BlC = quant.embedding(idx_Bl)
-                else:  # visualisation only (official: never for FID/IS)
-                    tau = max(0.27 * (1 - ratio * 0.95), 0.005)
-                    h_BlC = gumbel_softmax_rng(logits_BlV.mul(1 + ratio), tau, rng) @ quant.embedding.weight.unsqueeze(0)
-                h_BChw = h_BlC.transpose(1, 2).reshape(B, var.Cvae, pn, pn)
-                f_hat, next_BChw = quant.next_input(si, f_hat, h_BChw)
-                if si != K - 1:
-                    pn_next = self.patch_nums[si + 1]
-                    x_BLC = var.word_embed(next_BChw.flatten(2).transpose(1, 2)) + lvl_pos_1LC[:, cur_L:cur_L + pn_next ** 2]
+                    x_BLC = var.run_blocks(torch.cat(xs, dim=1), cond_2BD, group_attn_bias(lens, cached, xs[0]),
+                                           policy.route(group[0]), blocks_ada)
+                    outs = list(x_BLC.split(lens, dim=1))
+                cached += sum(lens)
+                for si, x_BLC in zip(group, outs):
+                    pn, ratio = self.patch_nums[si], si / (K - 1)
+                    keep_Bl = policy.residual_keep(si)
+                    if keep_Bl is None:
+                        x_BLC = policy.exit_scale(si, x_BLC)
+                    policy.end_scale(si, x_BLC)
+                    logits_2BlV = var.get_logits(x_BLC, cond_2BD, head_ada)
+                    if logits_hook is not None:
+                        logits_hook(si, logits_2BlV)
                     if guided:
-                        x_BLC = x_BLC.repeat(2, 1, 1)   # the CFG batch
+                        t = cfg * ratio   # CFG ramps linearly with the scale index (official)
+                        logits_BlV = (1 + t) * logits_2BlV[:B] - t * logits_2BlV[B:]
+                    else:
+                        logits_BlV = logits_2BlV
+                    idx_Bl = sample_top_k_top_p(logits_BlV, top_k, top_p, rng)
+                    if not more_smooth:
+                        h_BlC = quant.embedding(idx_Bl)
+                    else:  # visualisation only (official: never for FID/IS)
+                        tau = max(0.27 * (1 - ratio * 0.95), 0.005)
+                        h_BlC = gumbel_softmax_rng(logits_BlV.mul(1 + ratio), tau, rng) @ quant.embedding.weight.unsqueeze(0)
+                    if keep_Bl is not None:   # pruned positions: zero residual, token -1
+                        h_BlC = h_BlC.new_zeros(B, pn * pn, h_BlC.shape[-1]).scatter(
+                            1, keep_Bl.unsqueeze(-1).expand(-1, -1, h_BlC.shape[-1]), h_BlC)
+                        idx_Bl = idx_Bl.new_full((B, pn * pn), -1).scatter(1, keep_Bl, idx_Bl)
+                    tokens.append(idx_Bl)
+                    h_BChw = h_BlC.transpose(1, 2).reshape(B, var.Cvae, pn, pn)
+                    quant.add_scale(si, f_hat, h_BChw)
+                    policy.observe(si, f_hat)
         finally:
             var.kv_caching(False)
         return tokens, f_hat

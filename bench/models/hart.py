@@ -30,6 +30,10 @@ last scale reuses the previous scale's t; the diffusion head gets the same t); t
 300 from it on (the official ignores its ``top_k`` argument); top-p optional (default 0: off);
 ``more_smooth`` (Gumbel-softmax code mixing, default True as official ``sample.py``/``app.py``).
 The AdaLN vectors are computed once per generation (official: per scale and block; same values).
+The loop calls the token policy (``bench.models.policy``) as VAR's and Infinity's do: every attention
+and MLP sub-layer through ``route`` (a subset rotates by RoPE at its own positions), whole-scale
+subsets, trailing skips, groups of scales in one pass, zero residuals; the identity policy is
+bit-identical to none (the golden tests run through it).
 ``generate`` returns uint8 x·255 truncated, as ``app.py``/``sample.py`` save images.
 
 Deviations from the official code:
@@ -60,6 +64,7 @@ import torch.nn.functional as F
 from bench.models.generator import gumbel_softmax_rng, sample_top_k_top_p
 from bench.models.hart_config import HARTConfig
 from bench.models.hart_diffusion import DiffusionHead
+from bench.models.policy import TokenPolicy, group_attn_bias
 
 ROPE_THETA = 10000
 
@@ -219,15 +224,28 @@ class AdaLNSelfAttn(nn.Module):
             return self.scale_shift_table[None] + context_pool(cond_BLC, mask_BL, "avg").unsqueeze(1)
         return None
 
-    def forward(self, x_BLC, ada_B6C, cos_BLc, sin_BLc, attn_bias=None):
+    def forward(self, x_BLC, ada_B6C, cos_BLc, sin_BLc, attn_bias=None, route=None, block_idx: int = 0):
+        """``route(kind, block_idx, h, fn, x)``: the token-policy hook (``bench.models.policy``); ``fn(h,
+        keep_Bl=…)`` runs a sub-layer on a subset of the tokens, rotated by RoPE at their own positions."""
+        def attn(h, keep_Bl=None):
+            if keep_Bl is None:
+                return self.attn(h, cos_BLc, sin_BLc, attn_bias)
+            at = keep_Bl.unsqueeze(-1).expand(-1, -1, cos_BLc.shape[-1])
+            return self.attn(h, cos_BLc.gather(1, at), sin_BLc.gather(1, at), attn_bias)
+
+        ffn = lambda h, keep_Bl=None: self.ffn(h)  # noqa: E731
         if ada_B6C is None:
-            x_BLC = x_BLC + self.attn(self.ln_wo_grad(x_BLC), cos_BLc, sin_BLc, attn_bias)
-            return x_BLC + self.ffn(self.ln_wo_grad(x_BLC))
+            h = self.ln_wo_grad(x_BLC)
+            x_BLC = x_BLC + (attn(h) if route is None else route("attn", block_idx, h, attn, x_BLC))
+            h = self.ln_wo_grad(x_BLC)
+            return x_BLC + (ffn(h) if route is None else route("ffn", block_idx, h, ffn, x_BLC))
         gamma1, gamma2, scale1, scale2, shift1, shift2 = ada_B6C.unsqueeze(2).unbind(1)   # each [B, 1, C]
         h = self.ln_wo_grad(x_BLC).mul(scale1.add(1)).add_(shift1)
-        x_BLC = x_BLC + self.attn(h, cos_BLc, sin_BLc, attn_bias).mul_(gamma1)
+        h = attn(h) if route is None else route("attn", block_idx, h, attn, x_BLC)
+        x_BLC = x_BLC + h.mul(gamma1)
         h = self.ln_wo_grad(x_BLC).mul(scale2.add(1)).add_(shift2)
-        return x_BLC + self.ffn(h).mul(gamma2)
+        h = ffn(h) if route is None else route("ffn", block_idx, h, ffn, x_BLC)
+        return x_BLC + h.mul(gamma2)
 
 
 class AdaLNBeforeHead(nn.Module):
@@ -250,7 +268,7 @@ class AdaLNBeforeHead(nn.Module):
 
 # ---------------------------------------------------------------- the model
 class HART(nn.Module):
-    family = "hart"   # token methods: HART's sampling loop does not call a token policy yet
+    family = "hart"   # the model family token methods key their official schedules on
 
     def __init__(self, cfg: HARTConfig, tokenizer=None):
         super().__init__()
@@ -278,6 +296,12 @@ class HART(nn.Module):
         self.decoder_norm = RMSNorm(C, cfg.norm_eps)
         self.diffloss = DiffusionHead(cfg.Cvae, C, cfg.diff_width, cfg.diff_depth, cfg.num_sampling_steps)
         self.attach(tokenizer)
+        self.token_policy = TokenPolicy()   # the sampling loop's token-policy hook (bench.models.policy)
+
+    @property
+    def scales_hw(self):
+        """(h, w) of every scale's token map (scale 0 is the 1×1 token predicted from the context)."""
+        return tuple((pn, pn) for pn in self.patch_nums)
 
     # --------------------------------------------------------------- tokenizer (not a submodule)
     def attach(self, tokenizer) -> "HART":
@@ -306,9 +330,9 @@ class HART(nn.Module):
     def get_logits(self, x_BLC: torch.Tensor, head_ada: torch.Tensor) -> torch.Tensor:
         return self.head(self.head_nm(x_BLC.float(), head_ada).float()).float()
 
-    def run_blocks(self, x_BLC, ada: List[Optional[torch.Tensor]], cos_BLc, sin_BLc, attn_bias=None):
-        for block, ada_B6C in zip(self.blocks, ada):
-            x_BLC = block(x_BLC, ada_B6C, cos_BLc, sin_BLc, attn_bias)
+    def run_blocks(self, x_BLC, ada: List[Optional[torch.Tensor]], cos_BLc, sin_BLc, attn_bias=None, route=None):
+        for i, (block, ada_B6C) in enumerate(zip(self.blocks, ada)):
+            x_BLC = block(x_BLC, ada_B6C, cos_BLc, sin_BLc, attn_bias, route, i)
         return x_BLC
 
     # --------------------------------------------------------------- teacher forcing
@@ -333,9 +357,12 @@ class HART(nn.Module):
     @torch.no_grad()
     def sample_tokens(self, context_BLC: torch.Tensor, context_mask_BL: torch.Tensor, seed: Optional[int] = 0,
                       cfg: float = 4.5, top_p: float = 0.0, more_smooth: bool = True,
-                      context_position_ids_BL: Optional[torch.Tensor] = None, residual: bool = True):
-        """(token pyramid [list of B×pn² int64], f_hat [B, Cvae, P, P]). ``residual=False`` skips the
-        diffusion head (official ``final_stage != 0``); ``seed=None`` uses the global RNG."""
+                      context_position_ids_BL: Optional[torch.Tensor] = None, residual: bool = True,
+                      logits_hook=None):
+        """(token pyramid [list of B×pn² int64; -1 where a token policy gave a position a zero residual],
+        f_hat [B, Cvae, P, P]). ``residual=False`` skips the diffusion head (official ``final_stage !=
+        0``); ``seed=None`` uses the global RNG; ``logits_hook(si, logits)`` sees every scale's raw
+        [cond; uncond] logits (scale 0: at every context position)."""
         quant, pns, hd = self.tokenizer.quantize, self.patch_nums, self.cfg.hd
         B, S, P, Lc = context_BLC.shape[0], len(pns), pns[-1], self.Lc
         rng = None
@@ -351,43 +378,87 @@ class HART(nn.Module):
         # the condition is the same at every scale: AdaLN vectors once per generation
         ada, head_ada = [b.ada(cond_2BLC, mask_2BL) for b in self.blocks], self.head_nm.ada(cond_2BLC)
         lvl_pos_1LC = self.lvl_embed(self.lvl_1L)
-        x_BLC = cond_2BLC + lvl_pos_1LC[:, :Lc]
+        starts = [0, Lc]   # the context stands in for the 1×1 scale
+        for pn in pns[1:]:
+            starts.append(starts[-1] + pn * pn)
         f_hat = cond_2BLC.new_zeros(B, self.Cvae, P, P)
-        tokens, cur = [], Lc
+        policy, tokens, cached = self.token_policy, [], 0
+        policy.begin(B, pns)
         self.kv_caching(True)
         try:
-            for si, pn in enumerate(pns):
-                if si == 0:
-                    cos, sin = rope_1d(pos_2BL, hd, x_BLC.dtype)
+            for group in policy.groups(S):
+                if policy.skip(group[0]):
+                    break   # f_hat already holds every earlier scale at the full latent size
+                # every scale of a group starts from the f_hat accumulated before the group (for a group
+                # of one: the official next-scale input, area-downsampled f_hat)
+                xs, ropes = [], []
+                for si in group:
+                    if si == 0:
+                        x_BLC = cond_2BLC + lvl_pos_1LC[:, :Lc]
+                        ropes.append(rope_1d(pos_2BL, hd, x_BLC.dtype))
+                    else:
+                        pn = pns[si]
+                        next_BChw = F.interpolate(f_hat, size=(pn, pn), mode="area")
+                        x_BLC = self.word_embed(next_BChw.view(B, self.Cvae, -1).transpose(1, 2)) \
+                            + lvl_pos_1LC[:, starts[si]:starts[si + 1]]
+                        x_BLC = x_BLC.repeat(2, 1, 1)
+                        ropes.append(rope_2d(image_positions(pns, [si], pos_2BL[:, -1]), hd, x_BLC.dtype))
+                    policy.begin_scale(si, pns[si])
+                    xs.append(x_BLC)
+                policy.begin_group(group, xs)
+                for j, si in enumerate(group):
+                    xs[j] = policy.enter_scale(si, xs[j])
+                    if policy.scale_keep is not None:   # a shortened scale: RoPE at its tokens' own positions
+                        at = policy.scale_keep.unsqueeze(-1).expand(-1, -1, hd)
+                        ropes[j] = tuple(t.gather(1, at) for t in ropes[j])
+                lens = [x.shape[1] for x in xs]
+                if not sum(lens):
+                    outs = xs   # every token of the group pruned: nothing to run
+                elif len(group) == 1:
+                    outs = [self.run_blocks(xs[0], ada, *ropes[0], route=policy.route(group[0]))]
                 else:
-                    cos, sin = rope_2d(image_positions(pns, [si], pos_2BL[:, -1]), hd, x_BLC.dtype)
-                x_BLC = self.run_blocks(x_BLC, ada, cos, sin)
-                logits_2BlV = self.get_logits(x_BLC, head_ada)
-                ratio = si / (S - 1) if si < S - 1 else (S - 2) / (S - 1)   # the last scale reuses the ratio before it
-                t = cfg * ratio
-                logits_BlV = (1 + t) * logits_2BlV[:B] - t * logits_2BlV[B:]
-                if si == 0:   # the 1×1 token is predicted at the last context position
-                    logits_BlV = logits_BlV[:, [-1], :]
-                idx_Bl = sample_top_k_top_p(logits_BlV, 600 if si < 7 else 300, top_p, rng)
-                tokens.append(idx_Bl)
-                if more_smooth:   # soft code mixture; the Gumbel draws follow the multinomial (official order)
-                    tau = max(0.27 * (1 - ratio * 0.95), 0.005)
-                    h_BlC = gumbel_softmax_rng(logits_BlV.mul(1 + ratio), tau, rng) @ quant.embedding.weight.unsqueeze(0)
-                else:
-                    h_BlC = quant.embedding(idx_Bl)
-                if si < S - 1:
-                    f_hat, next_BChw = quant.next_input(si, f_hat, h_BlC.transpose(1, 2).reshape(B, self.Cvae, pn, pn), pns)
-                    l_next = pns[si + 1] ** 2
-                    x_BLC = self.word_embed(next_BChw.view(B, self.Cvae, -1).transpose(1, 2)) + lvl_pos_1LC[:, cur:cur + l_next]
-                    x_BLC = x_BLC.repeat(2, 1, 1)
-                    cur += l_next
-                    continue
-                if residual:   # continuous residual of every last-scale token, conditioned on the hard code
-                    code_2BlC = self.word_embed(quant.embedding(idx_Bl)).repeat(2, 1, 1)
-                    z_2BlC = self.decoder_norm(x_BLC + code_2BlC)
-                    res_2BlC = self.diffloss.sample(z_2BlC.reshape(2 * B * P * P, -1), cfg=t, generator=rng)
-                    h_BlC = h_BlC + res_2BlC.reshape(2 * B, P * P, self.Cvae)[:B]
-                f_hat.add_(h_BlC.transpose(1, 2).reshape(B, self.Cvae, P, P))   # no φ at the last scale
+                    cos, sin = (torch.cat(t, dim=1) for t in zip(*ropes))
+                    x_BLC = self.run_blocks(torch.cat(xs, dim=1), ada, cos, sin,
+                                            group_attn_bias(lens, cached, xs[0]), policy.route(group[0]))
+                    outs = list(x_BLC.split(lens, dim=1))
+                cached += sum(lens)
+                for si, x_BLC in zip(group, outs):
+                    pn = pns[si]
+                    keep_Bl = policy.residual_keep(si)
+                    if keep_Bl is None:
+                        x_BLC = policy.exit_scale(si, x_BLC)
+                    policy.end_scale(si, x_BLC)
+                    logits_2BlV = self.get_logits(x_BLC, head_ada)
+                    if logits_hook is not None:
+                        logits_hook(si, logits_2BlV)
+                    ratio = si / (S - 1) if si < S - 1 else (S - 2) / (S - 1)   # the last scale reuses the ratio before it
+                    t = cfg * ratio
+                    logits_BlV = (1 + t) * logits_2BlV[:B] - t * logits_2BlV[B:]
+                    if si == 0:   # the 1×1 token is predicted at the last context position
+                        logits_BlV = logits_BlV[:, [-1], :]
+                    idx_Bl = sample_top_k_top_p(logits_BlV, 600 if si < 7 else 300, top_p, rng)
+                    if more_smooth:   # soft code mixture; the Gumbel draws follow the multinomial (official order)
+                        tau = max(0.27 * (1 - ratio * 0.95), 0.005)
+                        h_BlC = gumbel_softmax_rng(logits_BlV.mul(1 + ratio), tau, rng) @ quant.embedding.weight.unsqueeze(0)
+                    else:
+                        h_BlC = quant.embedding(idx_Bl)
+                    if si == S - 1 and residual:   # continuous residual of every last-scale token, given its hard code
+                        code_2BlC = self.word_embed(quant.embedding(idx_Bl)).repeat(2, 1, 1)
+                        z_2BlC = self.decoder_norm(x_BLC + code_2BlC)
+                        l = z_2BlC.shape[1]
+                        res_2BlC = self.diffloss.sample(z_2BlC.reshape(2 * B * l, -1), cfg=t, generator=rng)
+                        h_BlC = h_BlC + res_2BlC.reshape(2 * B, l, self.Cvae)[:B]
+                    if keep_Bl is not None:   # pruned positions: zero residual, token -1
+                        h_BlC = h_BlC.new_zeros(B, pn * pn, self.Cvae).scatter(
+                            1, keep_Bl.unsqueeze(-1).expand(-1, -1, self.Cvae), h_BlC)
+                        idx_Bl = idx_Bl.new_full((B, pn * pn), -1).scatter(1, keep_Bl, idx_Bl)
+                    tokens.append(idx_Bl)
+                    h_BChw = h_BlC.transpose(1, 2).reshape(B, self.Cvae, pn, pn)
+                    if si < S - 1:
+                        quant.next_input(si, f_hat, h_BChw, pns)
+                    else:
+                        f_hat.add_(h_BChw)   # no φ at the last scale
+                    policy.observe(si, f_hat)
         finally:
             self.kv_caching(False)
         return tokens, f_hat

@@ -22,7 +22,7 @@ policy at all (tests/test_sampling.py).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
@@ -54,6 +54,27 @@ class TokenPolicy:
         """True: scale ``si`` and every later one are not computed."""
         return False
 
+    def groups(self, n_scales: int) -> Sequence[Tuple[int, ...]]:
+        """The scales, in order, as groups run through the block stack together (parallel group
+        decoding, LazyVAR): every scale of a group gets its input from the latent accumulated *before*
+        the group and its tokens attend to the earlier scales of the group with the training mask
+        (``group_attn_bias``). Default: one scale at a time."""
+        return [(si,) for si in range(n_scales)]
+
+    def begin_group(self, group: Sequence[int], xs: Sequence[torch.Tensor]) -> None:
+        """Called with a group's scale indices and their inputs to the block stack (full length, after
+        ``begin_scale`` of each and before their ``enter_scale``)."""
+
+    def residual_keep(self, si: int) -> Optional[torch.Tensor]:
+        """Positions [B, l] (of the scale's map) whose residual is sampled from the block stack's output
+        (which then holds those tokens only, in that order); every other position gets a zero residual
+        (LazyVAR). None (default): every position is sampled from the full-length ``exit_scale`` map."""
+        return None
+
+    def observe(self, si: int, latent: torch.Tensor) -> None:
+        """Called with the latent accumulated after scale ``si`` was added (VAR: f_hat [B, C, H, W];
+        Infinity: the summed codes [B, d, 1, H, W]); read only."""
+
     def select(self, si: int, kind: str, block_idx: int, h_BLC: torch.Tensor,
                x_BLC: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
         """Indices [B, l] of the tokens to compute, or None for all of them."""
@@ -76,3 +97,14 @@ class TokenPolicy:
     def route(self, si: int):
         """The ``route`` callable handed to the blocks for scale ``si``."""
         return lambda kind, block_idx, h, fn, x=None: self.sublayer(si, kind, block_idx, h, fn, x)
+
+
+def group_attn_bias(lens: Sequence[int], prior: int, like: torch.Tensor) -> torch.Tensor:
+    """Additive mask [1, 1, Σlens, prior + Σlens] for a group of scales run in one pass with the KV
+    cache: every cached key (earlier scales, ``prior`` of them) is visible, and within the group a
+    token sees the tokens of its own and earlier scales only (the block-causal training mask)."""
+    lvl_L = torch.cat([torch.full((n,), i, device=like.device) for i, n in enumerate(lens)])
+    within = torch.zeros(len(lvl_L), len(lvl_L), dtype=like.dtype, device=like.device)
+    within.masked_fill_(lvl_L[:, None] < lvl_L[None, :], -torch.inf)
+    seen = torch.zeros(len(lvl_L), prior, dtype=like.dtype, device=like.device)
+    return torch.cat((seen, within), dim=1).view(1, 1, len(lvl_L), prior + len(lvl_L))

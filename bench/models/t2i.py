@@ -27,7 +27,7 @@ from bench.models.bsq import BSQVAE, _resize
 from bench.models.generator import sample_top_k_top_p
 from bench.models.heap import reuse_heap
 from bench.models.infinity import Infinity, rope2d_table
-from bench.models.policy import TokenPolicy
+from bench.models.policy import TokenPolicy, group_attn_bias
 
 
 class TextEncoder(nn.Module):
@@ -102,42 +102,79 @@ class T2IGenerator(nn.Module):
         cond_BD, text = inf.encode_text(feats_BTC, mask_BT)
         gss = inf.ada_gss(cond_BD)
         cs_2Lh = rope2d_table(inf.cfg.hd, schedule, rope_grid, inf.cfg.rope_theta).to(self.device)
-        x_BLC = cond_BD.unsqueeze(1) + inf.pos_start.expand(cond_BD.shape[0], 1, -1)
+        first_BLC = cond_BD.unsqueeze(1) + inf.pos_start.expand(cond_BD.shape[0], 1, -1)
         Hf, Wf = schedule[-1]
+        starts = [0]
+        for h, w in schedule:
+            starts.append(starts[-1] + h * w)
         summed = None   # official ``summed_codes = 0; summed_codes += …``: the first sum keeps its layout
-        policy, bits, cur = self.token_policy, [], 0
+        policy, bits, cached = self.token_policy, [], 0
         policy.begin(B, schedule)
-        inf.kv_caching(True, max_len=sum(h * w for h, w in schedule), text=cache_text_kv)
+        inf.kv_caching(True, max_len=starts[-1], text=cache_text_kv)
         try:
-            for si, (h, w) in enumerate(schedule):
-                if policy.skip(si):
+            for group in policy.groups(K):
+                if policy.skip(group[0]):
                     break   # summed already holds every earlier scale at the full latent size
-                l = h * w
-                x_BLC = x_BLC + inf.lvl_embed.weight[si]   # level embedding, once, before the first block
-                policy.begin_scale(si, (h, w))
-                x_in = policy.enter_scale(si, x_BLC)
-                rope = inf.rope_fn(cs_2Lh[:, cur:cur + l])
-                if policy.scale_keep is not None:   # a shortened scale: its tokens rotate at their own positions
-                    rope = rope.at(policy.scale_keep)
-                x_BLC = inf.run_blocks(x_in, gss, text, None, rope, policy.route(si))
-                x_BLC = policy.exit_scale(si, x_BLC)
-                policy.end_scale(si, x_BLC)
-                cur += l
-                logits_BlV = inf.get_logits(x_BLC, cond_BD).mul(1 / tau)
-                if logits_hook is not None:
-                    logits_hook(si, logits_BlV)
-                if guided:   # constant guidance on the logits (cfg_insertion_layer=0)
-                    logits_BlV = cfg * logits_BlV[:B] + (1 - cfg) * logits_BlV[B:]
-                bits_Bld = sample_top_k_top_p(logits_BlV.reshape(B, l * d, 2), top_k, top_p, rng).view(B, l, d)
-                bits.append(bits_Bld)
-                codes = vae.lfq.bits_to_codes(bits_Bld.view(B, h, w, d))
-                up = _resize(codes, (Hf, Wf), "trilinear") if si != K - 1 else codes
-                summed = up + 0 if summed is None else summed.add_(up)
-                if si != K - 1:
-                    nxt = F.interpolate(summed, size=(1, *schedule[si + 1]), mode="trilinear")
-                    x_BLC = inf.word_embed(nxt.squeeze(2).flatten(2).transpose(1, 2))
-                    if guided:
-                        x_BLC = x_BLC.repeat(2, 1, 1)
+                # every scale of a group starts from the codes summed before the group (for a group of
+                # one: the official next-scale input, the sum trilinearly resized)
+                xs, keeps = [], []
+                for si in group:
+                    if si == 0:
+                        x_BLC = first_BLC
+                    else:
+                        nxt = F.interpolate(summed, size=(1, *schedule[si]), mode="trilinear")
+                        x_BLC = inf.word_embed(nxt.squeeze(2).flatten(2).transpose(1, 2))
+                        if guided:
+                            x_BLC = x_BLC.repeat(2, 1, 1)
+                    x_BLC = x_BLC + inf.lvl_embed.weight[si]   # level embedding, once, before the first block
+                    policy.begin_scale(si, schedule[si])
+                    xs.append(x_BLC)
+                policy.begin_group(group, xs)
+                for j, si in enumerate(group):
+                    xs[j] = policy.enter_scale(si, xs[j])
+                    keeps.append(policy.scale_keep)
+                lens = [x.shape[1] for x in xs]
+                if not sum(lens):
+                    outs = xs   # every token of the group pruned: nothing to run
+                elif len(group) == 1:
+                    si = group[0]
+                    rope = inf.rope_fn(cs_2Lh[:, starts[si]:starts[si + 1]])
+                    if keeps[0] is not None:   # a shortened scale: its tokens rotate at their own positions
+                        rope = rope.at(keeps[0])
+                    outs = [inf.run_blocks(xs[0], gss, text, None, rope, policy.route(si))]
+                elif sum(lens):
+                    rows = xs[0].shape[0]
+                    pos_Bl = torch.cat([starts[si] + (torch.arange(l, device=self.device).expand(rows, -1) if k is None else k)
+                                        for si, l, k in zip(group, lens, keeps)], dim=1)
+                    x_BLC = inf.run_blocks(torch.cat(xs, dim=1), gss, text, group_attn_bias(lens, cached, xs[0]),
+                                           inf.rope_fn(cs_2Lh).at(pos_Bl), policy.route(group[0]))
+                    outs = list(x_BLC.split(lens, dim=1))
+                cached += sum(lens)
+                for si, x_BLC in zip(group, outs):
+                    h, w = schedule[si]
+                    keep_Bl = policy.residual_keep(si)
+                    if keep_Bl is None:
+                        x_BLC = policy.exit_scale(si, x_BLC)
+                    policy.end_scale(si, x_BLC)
+                    l = x_BLC.shape[1]
+                    logits_BlV = inf.get_logits(x_BLC, cond_BD).mul(1 / tau)
+                    if logits_hook is not None:
+                        logits_hook(si, logits_BlV)
+                    if guided:   # constant guidance on the logits (cfg_insertion_layer=0)
+                        logits_BlV = cfg * logits_BlV[:B] + (1 - cfg) * logits_BlV[B:]
+                    bits_Bld = sample_top_k_top_p(logits_BlV.reshape(B, l * d, 2), top_k, top_p, rng).view(B, l, d)
+                    if keep_Bl is None:
+                        codes = vae.lfq.bits_to_codes(bits_Bld.view(B, h, w, d))
+                    else:   # pruned positions: zero residual (codes 0), bits -1
+                        codes_Bld = vae.lfq.bits_to_codes(bits_Bld.view(B, 1, l, d))   # [B, d, 1, 1, l]
+                        codes_Bld = codes_Bld.flatten(2).transpose(1, 2)
+                        codes = codes_Bld.new_zeros(B, h * w, d).scatter(1, keep_Bl.unsqueeze(-1).expand(-1, -1, d), codes_Bld)
+                        codes = codes.transpose(1, 2).reshape(B, d, 1, h, w)
+                        bits_Bld = bits_Bld.new_full((B, h * w, d), -1).scatter(1, keep_Bl.unsqueeze(-1).expand(-1, -1, d), bits_Bld)
+                    bits.append(bits_Bld)
+                    up = _resize(codes, (Hf, Wf), "trilinear") if si != K - 1 else codes
+                    summed = up + 0 if summed is None else summed.add_(up)
+                    policy.observe(si, summed)
         finally:
             inf.kv_caching(False)
         return bits, summed.squeeze(2)
@@ -158,10 +195,24 @@ class T2IGenerator(nn.Module):
         x = self.vae.bits_to_var_input(bits, self.schedule) if x_BLd is None else x_BLd
         return self.infinity(feats_BTC, mask_BT, x, self.schedule)
 
-    def loss(self, feats_BTC, mask_BT, bits: Sequence[torch.Tensor], x_BLd=None) -> torch.Tensor:
-        """Mean bitwise cross-entropy over all scales and bits (Infinity's bit-label loss)."""
-        logits = self.forward_teacher(feats_BTC, mask_BT, bits, x_BLd)
-        return F.cross_entropy(logits.reshape(-1, 2), torch.cat(bits, dim=1).reshape(-1))
+    def loss(self, feats_BTC, mask_BT, bits: Sequence[torch.Tensor], x_BLd=None,
+             reweight_by_scale: bool = False) -> torch.Tensor:
+        """Infinity's bit-label loss: the cross-entropy of every bit, averaged over a token's bits
+        (``bitloss_type='mean'``), then over tokens — uniformly (1/L), or with
+        ``reweight_by_scale`` (the official ``scripts/train.sh`` sets ``--reweight_loss_by_scale 1``) a
+        token of scale k weighs √(h_K·w_K)/√(h_k·w_k), normalised to sum 1, so that coarse scales are not
+        drowned by the many tokens of fine ones — then over the batch."""
+        logits_BLd2 = self.forward_teacher(feats_BTC, mask_BT, bits, x_BLd)
+        B, L = logits_BLd2.shape[:2]
+        ce_BLd = F.cross_entropy(logits_BLd2.reshape(-1, 2), torch.cat(bits, dim=1).reshape(-1),
+                                 reduction="none").view(B, L, -1)
+        ce_BL = ce_BLd.mean(dim=-1)
+        if not reweight_by_scale:
+            return ce_BL.mean()
+        side_K = (self.schedule[-1][0] * self.schedule[-1][1]) ** 0.5
+        w_L = torch.cat([torch.full((h * w,), side_K / (h * w) ** 0.5) for h, w in self.schedule])[:L]
+        w_L = (w_L / w_L.sum()).to(ce_BL)
+        return ce_BL.mul(w_L).sum(dim=-1).mean()
 
 
 def _is_prompt_list(x) -> bool:

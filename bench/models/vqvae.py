@@ -279,10 +279,14 @@ class MultiScaleQuantizer(nn.Module):
             nxt.append(F.interpolate(f_hat, size=(pn_next, pn_next), mode="area").flatten(2).transpose(1, 2))
         return torch.cat(nxt, dim=1)
 
+    def add_scale(self, si: int, f_hat: torch.Tensor, h_BChw: torch.Tensor) -> torch.Tensor:
+        """f_hat += φ_si(up(h)) in place (the inference step without the next scale's input)."""
+        return f_hat.add_(self._up(h_BChw, si, self.patch_nums[-1]))
+
     def next_input(self, si: int, f_hat: torch.Tensor, h_BChw: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Inference step (official ``get_next_autoregressive_input``): add scale si to f_hat (in
         place) and return (f_hat, f_hat area-downsampled to the next scale)."""
-        f_hat.add_(self._up(h_BChw, si, self.patch_nums[-1]))
+        self.add_scale(si, f_hat, h_BChw)
         if si == len(self.patch_nums) - 1:
             return f_hat, f_hat
         pn = self.patch_nums[si + 1]

@@ -1,0 +1,170 @@
+"""LazyVAR (methods/lazyvar.py): the update index and the cumulative keep indices by hand, the group
+mask against the training mask, parallel group decoding against a teacher-forced pass built from the
+same latent (class-conditional VAR and the Infinity family), identity settings, FLOPs, errors."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bench.accounting import sampling_flops, t2i_sampling_flops
+from bench.models.policy import group_attn_bias
+from methods.lazyvar import owners, select_group, update_index
+from tests.test_token_methods import _apply
+from tests.test_token_methods_t2i import SCHEDULE, _sample, t2i  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+INFINITY_GROUP = ((32, 32), (40, 40), (48, 48), (64, 64))   # Infinity-2B's group at 1024²
+
+
+def test_update_index_is_one_minus_the_cosine_per_position():
+    a, b = torch.randn(2, 5, 4, 3), torch.randn(2, 5, 4, 3)
+    u = update_index(a, b)
+    for i, j, k in [(0, 0, 0), (1, 3, 2), (0, 2, 1)]:
+        va, vb = a[i, :, j, k], b[i, :, j, k]
+        assert abs(u[i, j, k].item() - (1 - (va @ vb / va.norm() / vb.norm()).item())) < 1e-6
+    assert torch.allclose(update_index(a.unsqueeze(2), b.unsqueeze(2)), u)   # Infinity's [B, d, 1, H, W]
+    assert torch.allclose(update_index(a, 3 * a), torch.zeros(2, 4, 3), atol=1e-6)
+
+
+def test_owners_tile_the_final_grid():
+    for hw in [(32, 32), (40, 40), (3, 5), (64, 64)]:
+        own = owners(hw, (64, 64), "cpu")
+        counts = own.bincount(minlength=hw[0] * hw[1])
+        assert own.numel() == 64 * 64 and (counts > 0).all()   # every token owns ≥ 1 position, each position 1 owner
+
+
+@pytest.mark.parametrize("hws,HW,keep", [(INFINITY_GROUP, (64, 64), (0.2, 0.1, 0.05, 0.01)),
+                                         (INFINITY_GROUP, (64, 64), (0.4, 0.2, 0.1, 0.02)),
+                                         (((4, 4), (6, 6), (8, 8)), (8, 8), (0.2, 0.1, 0.05)),
+                                         (((4, 4), (5, 5), (6, 6), (8, 8)), (8, 8), (0.2, 0.1, 0.05, 0.02))])
+def test_cumulative_indices_never_assign_a_position_twice_within_a_group(hws, HW, keep):
+    g = torch.Generator().manual_seed(0)
+    index = torch.rand(3, *HW, generator=g)
+    scores = [F.interpolate(index.unsqueeze(1), size=hw, mode="area").flatten(1) for hw in hws]
+    n = [round(r * h * w) for r, (h, w) in zip(keep, hws)]
+
+    def owned(kept, hw):   # [B, H·W] bool: the final positions the kept tokens own
+        own = owners(hw, HW, "cpu").expand(3, -1)
+        return torch.zeros(3, hw[0] * hw[1], dtype=torch.bool).scatter(1, kept, True).gather(1, own)
+
+    kept = select_group(scores, hws, n, HW, cumulative=True)
+    assert [k.shape for k in kept] == [(3, m) for m in n]
+    assert all(torch.equal(k, k.sort(dim=1).values) and k.unique(dim=1).shape[1] == k.shape[1] for k in kept)
+    cover = torch.stack([owned(k, hw) for k, hw in zip(kept, hws)]).sum(0)
+    assert cover.max() == 1, "a final-grid position was kept by two scales of the group"
+    # the largest scale takes its own top tokens; without cum every scale does, and they overlap
+    assert torch.equal(kept[-1], scores[-1].topk(n[-1], dim=1).indices.sort(dim=1).values)
+    free = select_group(scores, hws, n, HW, cumulative=False)
+    assert torch.stack([owned(k, hw) for k, hw in zip(free, hws)]).sum(0).max() > 1
+
+
+def test_group_mask_is_the_training_mask_of_those_scales(small_gen):
+    pns = small_gen.patch_nums
+    starts = [0]
+    for pn in pns:
+        starts.append(starts[-1] + pn * pn)
+    full = small_gen.var.attn_bias_for_masking[0, 0]
+    for first in (1, 3):
+        lens = [pn * pn for pn in pns[first:]]
+        got = group_attn_bias(lens, starts[first], full)[0, 0]
+        assert torch.equal(got, full[starts[first]:, :])
+
+
+@pytest.mark.parametrize("spec", ["lazyvar:keep=1,pgd=false", "lazyvar:keep=1,pgd=false,criterion=pts"])
+def test_identity_settings_sample_the_dense_images(small_gen, spec):
+    labels = torch.tensor([0, 4])
+    ref = small_gen.generate(labels, seed=7, cfg=1.5)
+    assert torch.equal(_apply(small_gen, spec)[0].generate(labels, seed=7, cfg=1.5), ref)
+
+
+def test_parallel_group_decoding_is_a_teacher_forced_pass_from_one_latent(small_gen):
+    """keep=1 (no pruning): the group's logits equal the training forward whose inputs for the group's
+    scales are all the latent accumulated before the group, area-downsampled."""
+    gen, _ = _apply(small_gen, "lazyvar:keep=1")
+    pol, pns = gen.token_policy, small_gen.patch_nums
+    first = pol.first
+    assert pol.groups(len(pns)) == [(0,), (1,), (2,), (3, 4)] and first == 3
+    latents, logits = {}, {}
+    observe = pol.observe
+    pol.observe = lambda si, lat: (latents.__setitem__(si, lat.clone()), observe(si, lat))
+    labels = torch.tensor([1, 3])
+    tokens, _ = gen.sample_tokens(labels, seed=4, cfg=None, logits_hook=lambda si, lg: logits.__setitem__(si, lg.clone()))
+    inputs = [F.interpolate(latents[min(s - 1, first - 1)], size=(pn, pn), mode="area").flatten(2).transpose(1, 2)
+              for s, pn in enumerate(pns) if s > 0]
+    teacher = small_gen.var(labels, torch.cat(inputs, dim=1))
+    start = sum(pn * pn for pn in pns[:first])
+    torch.testing.assert_close(torch.cat([logits[3], logits[4]], dim=1), teacher[:, start:], atol=2e-4, rtol=1e-4)
+    assert all((t >= 0).all() for t in tokens)   # keep=1: every position sampled
+
+
+def test_pruned_positions_get_no_residual_and_the_cfg_halves_share_the_kept_set(small_gen):
+    gen, ctx = _apply(small_gen, "lazyvar")
+    assert "keep {4×4: 0.2, 8×8: 0.1}" in ctx.notes[0] and "one group" in ctx.notes[0]
+    shapes = {}
+    route = gen.token_policy.route
+    gen.token_policy.route = lambda si: (shapes.__setitem__(si, None), route(si))[1]
+    got = {}
+    tokens, _ = gen.sample_tokens(torch.tensor([0, 2]), seed=1, cfg=1.5,
+                                  logits_hook=lambda si, lg: got.__setitem__(si, lg.clone()))
+    n4, n8 = round(0.2 * 16), round(0.1 * 64)
+    assert got[3].shape[:2] == (4, n4) and got[4].shape[:2] == (4, n8)   # [cond; uncond] rows, kept tokens only
+    assert [(t < 0).sum(1).tolist() for t in tokens[3:]] == [[16 - n4] * 2, [64 - n8] * 2]
+    assert set(shapes) == {0, 1, 2, 3}   # one block-stack pass for the group
+    kept = gen.token_policy.kept
+    assert torch.equal(tokens[4] >= 0, torch.zeros(2, 64, dtype=torch.bool).scatter(1, kept[4], True))
+
+
+@pytest.mark.parametrize("spec", ["lazyvar", "lazyvar:pgd=false", "lazyvar:cum=false", "lazyvar:criterion=pts",
+                                  "lazyvar:keep=0"])
+def test_only_the_group_changes_and_flops_drop(small_gen, spec):
+    labels = torch.tensor([1, 2])
+    ref, got = {}, {}
+    small_gen.sample_tokens(labels, seed=2, logits_hook=lambda si, lg: ref.__setitem__(si, lg.clone()))
+    dense = sampling_flops(small_gen)
+    gen, _ = _apply(small_gen, spec)
+    imgs = gen.generate(labels, seed=2)
+    gen.sample_tokens(labels, seed=2, logits_hook=lambda si, lg: got.__setitem__(si, lg.clone()))
+    for si in range(3):
+        assert torch.equal(got[si], ref[si]), f"{spec}: scale {si} changed"
+    assert imgs.shape == (2, 3, 32, 32)
+    assert sampling_flops(gen) < dense
+
+
+def test_lazyvar_on_the_infinity_family(t2i):  # noqa: F811
+    """keep=1 one scale at a time = dense bits; a group of the last two scales (4², 6²) gives the logits
+    of a teacher-forced pass from the codes summed before the group; the default group (3², 4², 6²:
+    at least half as wide as the last) prunes."""
+    ref_bits, ref_sum = _sample(t2i)
+    bits, summed = _sample(_apply(t2i, "lazyvar:keep=1,pgd=false")[0])
+    assert all(torch.equal(a, b) for a, b in zip(bits, ref_bits)) and torch.equal(summed, ref_sum)
+
+    gen, ctx = _apply(t2i, "lazyvar:keep=1/1")
+    pol = gen.token_policy
+    assert pol.group == (3, 4) and "4×4: 1, 6×6: 1" in ctx.notes[0]
+    latents, logits = {}, {}
+    observe = pol.observe
+    pol.observe = lambda si, lat: (latents.__setitem__(si, lat.clone()), observe(si, lat))
+    feats, mask = gen.encode_prompts(["a red circle", "a blue square"])
+    gen.sample_bits(feats, mask, seed=3, cfg=1.0, tau=1.0, top_k=0, top_p=0.0,
+                    logits_hook=lambda si, lg: logits.__setitem__(si, lg.clone()))
+    inputs = [F.interpolate(latents[min(s - 1, 2)], size=(1, *hw), mode="trilinear").squeeze(2).flatten(2).transpose(1, 2)
+              for s, hw in enumerate(SCHEDULE) if s > 0]
+    teacher = gen.infinity(feats, mask, torch.cat(inputs, dim=1), SCHEDULE)
+    start = sum(h * w for h, w in SCHEDULE[:3])
+    torch.testing.assert_close(torch.cat([logits[3], logits[4]], dim=1), teacher[:, start:], atol=2e-4, rtol=1e-4)
+
+    dense = t2i_sampling_flops(t2i, text_tokens=4)
+    gen, ctx = _apply(t2i, "lazyvar")
+    assert "keep {3×3: 0.2, 4×4: 0.1, 6×6: 0.05}" in ctx.notes[0]
+    bits, _ = _sample(gen)
+    assert (bits[4] < 0).any() and t2i_sampling_flops(gen, text_tokens=4) < dense
+
+
+def test_lazyvar_errors(small_gen):
+    from bench.spec import SpecError
+    with pytest.raises(SpecError, match=r"in \[0, 1\]"):
+        _apply(small_gen, "lazyvar:keep=0.2/1.5")
+    with pytest.raises(ValueError, match="at least two dense scales"):
+        _apply(small_gen, "lazyvar:keep=0.5/0.5/0.5/0.5")
+    with pytest.raises(SpecError):
+        _apply(small_gen, "lazyvar:criterion=ptss")
