@@ -19,6 +19,13 @@ on (every block, attention and KV cache included, sees only those), with their p
 ``scale_keep`` (None: all), and ``exit_scale`` returns the full-length map the head reads (StepVAR).
 Both default to the identity. The identity policy computes every token and is bit-identical to having no
 policy at all (tests/test_sampling.py).
+
+A policy may also run several scales in one pass (``groups``: LazyVAR's parallel group decoding):
+every scale of a group gets its input from the latent accumulated before the group, ``begin_group``
+sees those inputs, and the block stack runs on the group's tokens with ``group_attn_bias`` (the
+training mask within the group, every cached key visible). ``residual_keep`` makes the loop sample
+only the kept tokens and give every other position a zero residual; ``observe`` shows the policy the
+accumulated latent after each scale. The loops of VAR, Infinity and HART all call these hooks.
 """
 from __future__ import annotations
 
