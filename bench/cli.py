@@ -705,7 +705,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "pareto (FID vs FLOPs of every recorded chain), pareto-latency (FID vs "
                                     "measured latency), scale-latency (per-scale latency stacks), "
                                     "fid-vs-sparsity (every pruning method), calibration and recovery (EVAR "
-                                    "Tables 3 and 4 as bars), token-keep-ratio (token methods), psad-gates "
+                                    "Tables 3 and 4 as bars), token-keep-ratio (LazyVAR's keep ratio), psad-gates "
                                     "(PSAD's per-scale gates). A figure without data says which records to "
                                     "make; the others are still drawn (exit status 2 only when none is).")
     sp.add_argument("names", nargs="*", help="figure names (default: all)")

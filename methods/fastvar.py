@@ -163,7 +163,7 @@ class FastVAR(TokenMethod):
         drop = PRESETS[preset][0] if self.drop == "auto" else parse_drop(self.drop)
         K = len(hws)
         if len(drop) >= K:
-            raise ValueError(f"fastvar: drop={self.drop} prunes {len(drop)} scales but the model has {K}: "
+            raise SpecError(f"fastvar: drop={self.drop} prunes {len(drop)} scales but the model has {K}: "
                              f"at least one dense scale must come first (the cache scale)")
         layer_ids = parse_layers(PRESETS[preset][1] if self.layers == "auto" else self.layers, len(blocks))
         drop_by_scale = {K - len(drop) + i: r for i, r in enumerate(drop)}

@@ -230,7 +230,7 @@ class LazyVAR(TokenMethod):
         if self.keep == "auto":
             keep = ratios
             if n_group > len(keep):
-                raise ValueError(f"lazyvar: the {preset} schedule has keep ratios for {len(keep)} scales but "
+                raise SpecError(f"lazyvar: the {preset} schedule has keep ratios for {len(keep)} scales but "
                                  f"this model's group has {n_group}: give keep=a/b/… for its last scales")
             keep = keep[:n_group]
         else:
@@ -238,7 +238,7 @@ class LazyVAR(TokenMethod):
             if len(keep) == 1:
                 keep = keep * n_group
         if len(keep) > K - 2:
-            raise ValueError(f"lazyvar: keep={self.keep} groups the last {len(keep)} scales but the model has {K}: "
+            raise SpecError(f"lazyvar: keep={self.keep} groups the last {len(keep)} scales but the model has {K}: "
                              f"at least two dense scales must come first (the update index needs f̂ of two scales)")
         return {K - len(keep) + i: r for i, r in enumerate(keep)}, preset
 
