@@ -51,13 +51,24 @@ PRESETS: Dict[str, Tuple[Tuple[float, ...], str]] = {
 }
 
 
-def parse_drop(text: str) -> Tuple[float, ...]:
+def parse_fractions(key: str, text: str, example: str) -> Tuple[float, ...]:
+    """``"0.5/0.75"`` -> (0.5, 0.75): '/'-separated fractions, each in [0, 1] (a per-scale schedule)."""
     try:
-        drop = tuple(float(v) for v in text.split("/"))
+        values = tuple(float(v) for v in str(text).split("/"))
     except ValueError:
-        raise SpecError(f"drop={text!r} must be '/'-separated fractions, e.g. 0.5/0.75") from None
-    if not drop or any(not 0.0 <= r <= 1.0 for r in drop):
-        raise SpecError(f"drop={text!r}: every fraction must be in [0, 1]")
+        raise SpecError(f"{key}={text!r} must be '/'-separated fractions, e.g. {example}") from None
+    if not values or any(not 0.0 <= r <= 1.0 for r in values):
+        raise SpecError(f"{key}={text!r}: every fraction must be in [0, 1]")
+    return values
+
+
+def pts_score(x_BLC: torch.Tensor) -> torch.Tensor:
+    """PTS: ‖x_i − mean_j x_j‖² per token [B, L], the distance to the map's mean (its DC component)."""
+    return (x_BLC - x_BLC.mean(dim=1, keepdim=True)).square().sum(-1)
+
+
+def parse_drop(text: str) -> Tuple[float, ...]:
+    drop = parse_fractions("drop", text, "0.5/0.75")
     first_skip = next((i for i, r in enumerate(drop) if r == 1.0), len(drop))
     if any(r != 1.0 for r in drop[first_skip:]):
         raise SpecError(f"drop={text!r}: a fraction of 1 skips the scale, so only trailing scales may "
@@ -122,8 +133,7 @@ class FastVARPolicy(TokenPolicy):
     @staticmethod
     def pivotal(x_BLC: torch.Tensor, n_keep: int) -> torch.Tensor:
         """PTS: indices [B, n_keep] of the tokens farthest from the map's mean (descending score)."""
-        score_BL = (x_BLC - x_BLC.mean(dim=1, keepdim=True)).square().sum(-1)
-        return score_BL.argsort(dim=1, descending=True)[:, :n_keep]
+        return pts_score(x_BLC).argsort(dim=1, descending=True)[:, :n_keep]
 
     def restore_cached(self, kind: str, block_idx: int, keep_Bl: torch.Tensor, out_BlC: torch.Tensor,
                        L: int) -> torch.Tensor:

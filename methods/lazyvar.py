@@ -60,6 +60,7 @@ from bench.method import TokenMethod
 from bench.models.policy import TokenPolicy
 from bench.registry import METHODS
 from bench.spec import SpecError
+from methods.fastvar import parse_fractions, pts_score
 
 # family -> (keep ratios from the group's first scale on, group: "half" = the scales at least half as
 # wide as the last, or a count of last scales)
@@ -71,13 +72,7 @@ PRESETS: Dict[str, Tuple[Tuple[float, ...], object]] = {
 
 
 def parse_keep(text: str) -> Tuple[float, ...]:
-    try:
-        keep = tuple(float(v) for v in str(text).split("/"))
-    except ValueError:
-        raise SpecError(f"keep={text!r} must be '/'-separated ratios, e.g. 0.2/0.1/0.05/0.01") from None
-    if not keep or any(not 0.0 <= r <= 1.0 for r in keep):
-        raise SpecError(f"keep={text!r}: every ratio must be in [0, 1]")
-    return keep
+    return parse_fractions("keep", text, "0.2/0.1/0.05/0.01")
 
 
 def update_index(prev: torch.Tensor, cur: torch.Tensor) -> torch.Tensor:
@@ -99,11 +94,6 @@ def owners(hw: Tuple[int, int], HW: Tuple[int, int], device) -> torch.Tensor:
     r = torch.arange(H, device=device) * h // H
     c = torch.arange(W, device=device) * w // W
     return (r[:, None] * w + c[None, :]).flatten()
-
-
-def pts_score(x_BLC: torch.Tensor) -> torch.Tensor:
-    """FastVAR's PTS score ‖x_i − mean_j x_j‖² per token [B, L]."""
-    return (x_BLC - x_BLC.mean(dim=1, keepdim=True)).float().square().sum(-1)
 
 
 def select_group(scores: Sequence[torch.Tensor], hws: Sequence[Tuple[int, int]], n_keep: Sequence[int],
@@ -145,7 +135,6 @@ class LazyVARPolicy(TokenPolicy):
         self.pgd, self.cum, self.criterion = pgd, cum, criterion
         self.first = min(self.keep)
         self.group = tuple(sorted(self.keep))
-        self.scale_keep = None
 
     def begin(self, batch: int, patch_nums) -> None:
         self.B, self.prev, self.index, self.kept = batch, None, {}, {}
@@ -175,7 +164,7 @@ class LazyVARPolicy(TokenPolicy):
             return
         HW = self.hws[-1]
         if self.criterion == "pts":
-            scores = [pts_score(xs[group.index(si)][:self.B]) for si in pruned]
+            scores = [pts_score(xs[group.index(si)][:self.B].float()) for si in pruned]
         else:
             idx = self.index.get(pruned[0] - 1)
             if idx is None:

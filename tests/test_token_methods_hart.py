@@ -34,9 +34,9 @@ def test_identity_settings_sample_the_dense_tokens(golden, models, spec):  # noq
     assert all(torch.equal(a, b) for a, b in zip(t, ref_t)) and torch.equal(f, ref_f)
 
 
-@pytest.mark.parametrize("spec,first", [("fastvar", 6), ("stepvar", 6), ("tome", 6), ("lazyvar", 6),
-                                        ("lazyvar:pgd=false", 6)])
-def test_only_the_late_scales_change_and_flops_drop(golden, models, spec, first):  # noqa: F811
+@pytest.mark.parametrize("spec", ["fastvar", "stepvar", "tome", "lazyvar", "lazyvar:pgd=false"])
+def test_only_the_late_scales_change_and_flops_drop(golden, models, spec):  # noqa: F811
+    """Every method's default schedule on an 8-scale HART touches only the last two scales (7², 8²)."""
     tensors, _ = golden
     ref, got = {}, {}
     models["a"].sample_tokens(*_inputs(tensors), **KW, logits_hook=lambda si, lg: ref.__setitem__(si, lg.clone()))
@@ -47,7 +47,7 @@ def test_only_the_late_scales_change_and_flops_drop(golden, models, spec, first)
         pruned = _flops(model, tensors)
     finally:
         model.token_policy = TokenPolicy()
-    for si in range(first):
+    for si in range(6):
         assert torch.equal(got[si], ref[si]), f"{spec}: scale {si} changed"
     assert got[7].shape != ref[7].shape or not torch.allclose(got[7], ref[7])
     assert pruned < dense and spec.split(":")[0] in ctx.notes[0]

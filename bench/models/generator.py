@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from bench.defaults import SAMPLING
 from bench.models.heap import reuse_heap
-from bench.models.policy import TokenPolicy, group_attn_bias
+from bench.models.policy import TokenPolicy, enter_group, run_group, scatter_kept
 from bench.models.var import VAR
 from bench.models.vqvae import VQVAE
 
@@ -123,28 +123,17 @@ class Generator(nn.Module):
                 # group of one: the official next-scale input, area-downsampled f_hat)
                 xs = []
                 for si in group:
-                    pn = self.patch_nums[si]
                     if si == 0:
-                        x_BLC = first_BLC
-                    else:
-                        next_BChw = F.interpolate(f_hat, size=(pn, pn), mode="area")
-                        x_BLC = var.word_embed(next_BChw.flatten(2).transpose(1, 2)) + lvl_pos_1LC[:, starts[si]:starts[si + 1]]
-                        if guided:
-                            x_BLC = x_BLC.repeat(2, 1, 1)   # the CFG batch
-                    policy.begin_scale(si, pn)
-                    xs.append(x_BLC)
-                policy.begin_group(group, xs)
-                xs = [policy.enter_scale(si, x_BLC) for si, x_BLC in zip(group, xs)]
-                lens = [x.shape[1] for x in xs]
-                if not sum(lens):
-                    outs = xs   # every token of the group pruned: nothing to run
-                elif len(group) == 1:
-                    outs = [var.run_blocks(xs[0], cond_2BD, None, policy.route(group[0]), blocks_ada)]
-                else:
-                    x_BLC = var.run_blocks(torch.cat(xs, dim=1), cond_2BD, group_attn_bias(lens, cached, xs[0]),
-                                           policy.route(group[0]), blocks_ada)
-                    outs = list(x_BLC.split(lens, dim=1))
-                cached += sum(lens)
+                        xs.append(first_BLC)
+                        continue
+                    pn = self.patch_nums[si]
+                    next_BChw = F.interpolate(f_hat, size=(pn, pn), mode="area")
+                    x_BLC = var.word_embed(next_BChw.flatten(2).transpose(1, 2)) + lvl_pos_1LC[:, starts[si]:starts[si + 1]]
+                    xs.append(x_BLC.repeat(2, 1, 1) if guided else x_BLC)   # the CFG batch
+                xs, _ = enter_group(policy, group, xs, [self.patch_nums[si] for si in group])
+                route = policy.route(group[0])
+                outs = run_group(xs, cached, lambda x, bias: var.run_blocks(x, cond_2BD, bias, route, blocks_ada))
+                cached += sum(x.shape[1] for x in xs)
                 for si, x_BLC in zip(group, outs):
                     pn, ratio = self.patch_nums[si], si / (K - 1)
                     keep_Bl = policy.residual_keep(si)
@@ -166,9 +155,7 @@ class Generator(nn.Module):
                         tau = max(0.27 * (1 - ratio * 0.95), 0.005)
                         h_BlC = gumbel_softmax_rng(logits_BlV.mul(1 + ratio), tau, rng) @ quant.embedding.weight.unsqueeze(0)
                     if keep_Bl is not None:   # pruned positions: zero residual, token -1
-                        h_BlC = h_BlC.new_zeros(B, pn * pn, h_BlC.shape[-1]).scatter(
-                            1, keep_Bl.unsqueeze(-1).expand(-1, -1, h_BlC.shape[-1]), h_BlC)
-                        idx_Bl = idx_Bl.new_full((B, pn * pn), -1).scatter(1, keep_Bl, idx_Bl)
+                        h_BlC, idx_Bl = scatter_kept(keep_Bl, h_BlC, pn * pn), scatter_kept(keep_Bl, idx_Bl, pn * pn, -1)
                     tokens.append(idx_Bl)
                     h_BChw = h_BlC.transpose(1, 2).reshape(B, var.Cvae, pn, pn)
                     quant.add_scale(si, f_hat, h_BChw)

@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from bench.models.generator import gumbel_softmax_rng, sample_top_k_top_p
 from bench.models.hart_config import HARTConfig
 from bench.models.hart_diffusion import DiffusionHead
-from bench.models.policy import TokenPolicy, group_attn_bias
+from bench.models.policy import TokenPolicy, enter_group, run_group, scatter_kept
 
 ROPE_THETA = 10000
 
@@ -394,34 +394,23 @@ class HART(nn.Module):
                 xs, ropes = [], []
                 for si in group:
                     if si == 0:
-                        x_BLC = cond_2BLC + lvl_pos_1LC[:, :Lc]
-                        ropes.append(rope_1d(pos_2BL, hd, x_BLC.dtype))
-                    else:
-                        pn = pns[si]
-                        next_BChw = F.interpolate(f_hat, size=(pn, pn), mode="area")
-                        x_BLC = self.word_embed(next_BChw.view(B, self.Cvae, -1).transpose(1, 2)) \
-                            + lvl_pos_1LC[:, starts[si]:starts[si + 1]]
-                        x_BLC = x_BLC.repeat(2, 1, 1)
-                        ropes.append(rope_2d(image_positions(pns, [si], pos_2BL[:, -1]), hd, x_BLC.dtype))
-                    policy.begin_scale(si, pns[si])
-                    xs.append(x_BLC)
-                policy.begin_group(group, xs)
-                for j, si in enumerate(group):
-                    xs[j] = policy.enter_scale(si, xs[j])
-                    if policy.scale_keep is not None:   # a shortened scale: RoPE at its tokens' own positions
-                        at = policy.scale_keep.unsqueeze(-1).expand(-1, -1, hd)
-                        ropes[j] = tuple(t.gather(1, at) for t in ropes[j])
-                lens = [x.shape[1] for x in xs]
-                if not sum(lens):
-                    outs = xs   # every token of the group pruned: nothing to run
-                elif len(group) == 1:
-                    outs = [self.run_blocks(xs[0], ada, *ropes[0], route=policy.route(group[0]))]
-                else:
-                    cos, sin = (torch.cat(t, dim=1) for t in zip(*ropes))
-                    x_BLC = self.run_blocks(torch.cat(xs, dim=1), ada, cos, sin,
-                                            group_attn_bias(lens, cached, xs[0]), policy.route(group[0]))
-                    outs = list(x_BLC.split(lens, dim=1))
-                cached += sum(lens)
+                        xs.append(cond_2BLC + lvl_pos_1LC[:, :Lc])
+                        ropes.append(rope_1d(pos_2BL, hd, xs[-1].dtype))
+                        continue
+                    pn = pns[si]
+                    next_BChw = F.interpolate(f_hat, size=(pn, pn), mode="area")
+                    x_BLC = self.word_embed(next_BChw.view(B, self.Cvae, -1).transpose(1, 2)) \
+                        + lvl_pos_1LC[:, starts[si]:starts[si + 1]]
+                    xs.append(x_BLC.repeat(2, 1, 1))
+                    ropes.append(rope_2d(image_positions(pns, [si], pos_2BL[:, -1]), hd, x_BLC.dtype))
+                xs, keeps = enter_group(policy, group, xs, [pns[si] for si in group])
+                for j, keep in enumerate(keeps):
+                    if keep is not None:   # a shortened scale: RoPE at its tokens' own positions
+                        ropes[j] = tuple(t.gather(1, keep.unsqueeze(-1).expand(-1, -1, hd)) for t in ropes[j])
+                cos, sin = ropes[0] if len(group) == 1 else (torch.cat(t, dim=1) for t in zip(*ropes))
+                route = policy.route(group[0])
+                outs = run_group(xs, cached, lambda x, bias: self.run_blocks(x, ada, cos, sin, bias, route))
+                cached += sum(x.shape[1] for x in xs)
                 for si, x_BLC in zip(group, outs):
                     pn = pns[si]
                     keep_Bl = policy.residual_keep(si)
@@ -449,9 +438,7 @@ class HART(nn.Module):
                         res_2BlC = self.diffloss.sample(z_2BlC.reshape(2 * B * l, -1), cfg=t, generator=rng)
                         h_BlC = h_BlC + res_2BlC.reshape(2 * B, l, self.Cvae)[:B]
                     if keep_Bl is not None:   # pruned positions: zero residual, token -1
-                        h_BlC = h_BlC.new_zeros(B, pn * pn, self.Cvae).scatter(
-                            1, keep_Bl.unsqueeze(-1).expand(-1, -1, self.Cvae), h_BlC)
-                        idx_Bl = idx_Bl.new_full((B, pn * pn), -1).scatter(1, keep_Bl, idx_Bl)
+                        h_BlC, idx_Bl = scatter_kept(keep_Bl, h_BlC, pn * pn), scatter_kept(keep_Bl, idx_Bl, pn * pn, -1)
                     tokens.append(idx_Bl)
                     h_BChw = h_BlC.transpose(1, 2).reshape(B, self.Cvae, pn, pn)
                     if si < S - 1:

@@ -90,8 +90,7 @@ class TokenPolicy:
     def restore(self, si: int, kind: str, block_idx: int, h_BLC: torch.Tensor, keep_Bl: torch.Tensor,
                 out_BlC: torch.Tensor) -> torch.Tensor:
         """Full-length output from the kept tokens' output. Default: dropped tokens get zero update."""
-        out = out_BlC.new_zeros(h_BLC.shape[0], h_BLC.shape[1], out_BlC.shape[-1])
-        return out.scatter(1, keep_Bl.unsqueeze(-1).expand(-1, -1, out_BlC.shape[-1]), out_BlC)
+        return scatter_kept(keep_Bl, out_BlC, h_BLC.shape[1])
 
     def sublayer(self, si: int, kind: str, block_idx: int, h_BLC: torch.Tensor,
                  fn: Callable[[torch.Tensor], torch.Tensor], x_BLC: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -104,6 +103,38 @@ class TokenPolicy:
     def route(self, si: int):
         """The ``route`` callable handed to the blocks for scale ``si``."""
         return lambda kind, block_idx, h, fn, x=None: self.sublayer(si, kind, block_idx, h, fn, x)
+
+
+def scatter_kept(keep_Bl: torch.Tensor, src_Bl: torch.Tensor, L: int, fill=0) -> torch.Tensor:
+    """A full-length [B, L, …] tensor holding ``src`` [B, l, …] at the positions ``keep_Bl`` [B, l] and
+    ``fill`` elsewhere."""
+    idx = keep_Bl.view(*keep_Bl.shape, *([1] * (src_Bl.dim() - 2))).expand_as(src_Bl)
+    return src_Bl.new_full((src_Bl.shape[0], L, *src_Bl.shape[2:]), fill).scatter(1, idx, src_Bl)
+
+
+def enter_group(policy: TokenPolicy, group: Sequence[int], inputs: Sequence[torch.Tensor], sizes: Sequence):
+    """The policy's view of a group's full-length inputs (``begin_scale`` of each scale with its size,
+    ``begin_group``, then ``enter_scale`` of each): (the tokens each scale runs, their positions or None)."""
+    for si, size in zip(group, sizes):
+        policy.begin_scale(si, size)
+    policy.begin_group(group, inputs)
+    xs, keeps = [], []
+    for si, x_BLC in zip(group, inputs):
+        xs.append(policy.enter_scale(si, x_BLC))
+        keeps.append(policy.scale_keep)
+    return xs, keeps
+
+
+def run_group(xs: Sequence[torch.Tensor], cached: int, run: Callable) -> list:
+    """The block stack's outputs for a group's tokens: ``run(x_BLC, attn_bias)`` once, on every scale of
+    the group concatenated, under ``group_attn_bias`` (a single scale: no mask, as the plain loop; no
+    token at all: nothing runs). ``cached``: how many keys the KV cache holds before the group."""
+    lens = [x.shape[1] for x in xs]
+    if not sum(lens):
+        return list(xs)
+    if len(xs) == 1:
+        return [run(xs[0], None)]
+    return list(run(torch.cat(list(xs), dim=1), group_attn_bias(lens, cached, xs[0])).split(lens, dim=1))
 
 
 def group_attn_bias(lens: Sequence[int], prior: int, like: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from bench.models.bsq import BSQVAE, _resize
 from bench.models.generator import sample_top_k_top_p
 from bench.models.heap import reuse_heap
 from bench.models.infinity import Infinity, rope2d_table
-from bench.models.policy import TokenPolicy, group_attn_bias
+from bench.models.policy import TokenPolicy, enter_group, run_group, scatter_kept
 
 
 class TextEncoder(nn.Module):
@@ -117,7 +117,7 @@ class T2IGenerator(nn.Module):
                     break   # summed already holds every earlier scale at the full latent size
                 # every scale of a group starts from the codes summed before the group (for a group of
                 # one: the official next-scale input, the sum trilinearly resized)
-                xs, keeps = [], []
+                xs = []
                 for si in group:
                     if si == 0:
                         x_BLC = first_BLC
@@ -126,30 +126,20 @@ class T2IGenerator(nn.Module):
                         x_BLC = inf.word_embed(nxt.squeeze(2).flatten(2).transpose(1, 2))
                         if guided:
                             x_BLC = x_BLC.repeat(2, 1, 1)
-                    x_BLC = x_BLC + inf.lvl_embed.weight[si]   # level embedding, once, before the first block
-                    policy.begin_scale(si, schedule[si])
-                    xs.append(x_BLC)
-                policy.begin_group(group, xs)
-                for j, si in enumerate(group):
-                    xs[j] = policy.enter_scale(si, xs[j])
-                    keeps.append(policy.scale_keep)
-                lens = [x.shape[1] for x in xs]
-                if not sum(lens):
-                    outs = xs   # every token of the group pruned: nothing to run
-                elif len(group) == 1:
+                    xs.append(x_BLC + inf.lvl_embed.weight[si])   # level embedding, once, before the first block
+                xs, keeps = enter_group(policy, group, xs, [schedule[si] for si in group])
+                if len(group) == 1:   # this scale's slice of the table (a shortened scale: at its tokens' positions)
                     si = group[0]
                     rope = inf.rope_fn(cs_2Lh[:, starts[si]:starts[si + 1]])
-                    if keeps[0] is not None:   # a shortened scale: its tokens rotate at their own positions
-                        rope = rope.at(keeps[0])
-                    outs = [inf.run_blocks(xs[0], gss, text, None, rope, policy.route(si))]
-                elif sum(lens):
+                    rope = rope if keeps[0] is None else rope.at(keeps[0])
+                else:   # every token of the group at its own scale's position
                     rows = xs[0].shape[0]
-                    pos_Bl = torch.cat([starts[si] + (torch.arange(l, device=self.device).expand(rows, -1) if k is None else k)
-                                        for si, l, k in zip(group, lens, keeps)], dim=1)
-                    x_BLC = inf.run_blocks(torch.cat(xs, dim=1), gss, text, group_attn_bias(lens, cached, xs[0]),
-                                           inf.rope_fn(cs_2Lh).at(pos_Bl), policy.route(group[0]))
-                    outs = list(x_BLC.split(lens, dim=1))
-                cached += sum(lens)
+                    pos_Bl = torch.cat([starts[si] + (torch.arange(x.shape[1], device=self.device).expand(rows, -1)
+                                                      if k is None else k) for si, x, k in zip(group, xs, keeps)], dim=1)
+                    rope = inf.rope_fn(cs_2Lh).at(pos_Bl)
+                route = policy.route(group[0])
+                outs = run_group(xs, cached, lambda x, bias: inf.run_blocks(x, gss, text, bias, rope, route))
+                cached += sum(x.shape[1] for x in xs)
                 for si, x_BLC in zip(group, outs):
                     h, w = schedule[si]
                     keep_Bl = policy.residual_keep(si)
@@ -166,11 +156,9 @@ class T2IGenerator(nn.Module):
                     if keep_Bl is None:
                         codes = vae.lfq.bits_to_codes(bits_Bld.view(B, h, w, d))
                     else:   # pruned positions: zero residual (codes 0), bits -1
-                        codes_Bld = vae.lfq.bits_to_codes(bits_Bld.view(B, 1, l, d))   # [B, d, 1, 1, l]
-                        codes_Bld = codes_Bld.flatten(2).transpose(1, 2)
-                        codes = codes_Bld.new_zeros(B, h * w, d).scatter(1, keep_Bl.unsqueeze(-1).expand(-1, -1, d), codes_Bld)
-                        codes = codes.transpose(1, 2).reshape(B, d, 1, h, w)
-                        bits_Bld = bits_Bld.new_full((B, h * w, d), -1).scatter(1, keep_Bl.unsqueeze(-1).expand(-1, -1, d), bits_Bld)
+                        codes_Bld = vae.lfq.bits_to_codes(bits_Bld.view(B, 1, l, d)).flatten(2).transpose(1, 2)
+                        codes = scatter_kept(keep_Bl, codes_Bld, h * w).transpose(1, 2).reshape(B, d, 1, h, w)
+                        bits_Bld = scatter_kept(keep_Bl, bits_Bld, h * w, -1)
                     bits.append(bits_Bld)
                     up = _resize(codes, (Hf, Wf), "trilinear") if si != K - 1 else codes
                     summed = up + 0 if summed is None else summed.add_(up)
