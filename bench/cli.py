@@ -372,6 +372,9 @@ def _cmd_latency(args) -> int:
         labels += [c + (f" @ {cu}" if cu else "") for c in chains]
     records = run_latency(specs, root=args.results, ckpt_dir=args.ckpt_dir, force=args.force,
                           progress=not args.quiet)
+    from bench.shard import rank
+    if rank() != 0:                     # torchrun: rank 0 timed alone and reports
+        return 0
     print(report(specs, records, labels))
     for spec in specs:
         print(f"record: {spec.path(args.results)}")

@@ -2,7 +2,7 @@
 
 Used by records, rendered tables, the feature CNN and the training recipes. Torch-free.
 
-- ``atomic_write_text`` / ``atomic_write_bytes``: readers see the old file or the new one, never a
+- ``atomic_write_text`` / ``atomic_write_bytes`` / ``atomic_write``: readers see the old file or the new one, never a
   mix; a process killed mid-write leaves at worst a hidden ``.<name>.*.tmp`` file. The file gets the
   permissions a plain ``open(path, "w")`` would (``0666 & ~umask``), so a shared results folder works.
 - ``check_writable_dir``: fail before hours of work, not after, when an output folder cannot be used.
@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import BinaryIO, Callable, Optional
 
 PACKAGE_ROOT = Path(__file__).resolve().parent      # bench/
 SOURCE_ROOT = PACKAGE_ROOT.parent                    # the checkout (or site-packages when installed)
@@ -32,12 +32,18 @@ def _umask() -> int:
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temporary file, fsync, ``os.replace``); folders are created."""
+    return atomic_write(path, lambda fh: fh.write(data))
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
+    """``write(fh)`` into a temporary file beside ``path``, then fsync and ``os.replace`` (for what is
+    too large to hold twice in memory, e.g. ``torch.save`` of a whole model)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o666 & ~_umask())   # mkstemp creates 0600; give the file the user's usual mode

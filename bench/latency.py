@@ -223,7 +223,16 @@ def latency_specs(model: str, chains: Sequence[str], reps: int, seed: int, setti
 def run_latency(specs, root=None, ckpt_dir=None, force: bool = False, progress: bool = True,
                 breakdown_reps: int = 3) -> List[dict]:
     """Measure the specs together (alternated) and write one record each; existing records are
-    reused unless ``force`` (all specs are re-measured together if any one is missing)."""
+    reused unless ``force`` (all specs are re-measured together if any one is missing). Under torchrun
+    rank 0 alone measures; the other ranks wait and return its records (``bench.shard.rank_zero_only``)."""
+    from bench import shard
+    if shard.active():
+        return shard.rank_zero_only(lambda: _run_latency(specs, root, ckpt_dir, force, progress, breakdown_reps),
+                                    specs, root, specs[0].protocol["device"])
+    return _run_latency(specs, root, ckpt_dir, force, progress, breakdown_reps)
+
+
+def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_reps: int) -> List[dict]:
     import torch
 
     from bench.accounting import count_params, sampling_flops

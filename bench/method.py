@@ -40,6 +40,11 @@ class Method:
     name: str = ""
     kind: str = ""
     deviations: Tuple[str, ...] = ()
+    # Under torchrun (``bench.shard``): True = cheap and deterministic given the generator (no data, no
+    # training), so every rank applies it itself; False = rank 0 applies it and hands the generator to
+    # the other ranks (calibration and training are not bit-reproducible across GPUs, nor worth
+    # repeating N times).
+    per_rank: bool = False
 
     def __init__(self, **params: Any):
         self.params = resolve_params(self.name, params)
@@ -73,10 +78,19 @@ def apply_chain(gen: Generator, specs: Sequence[str], ctx: Context) -> Generator
     return gen
 
 
+def split_for_ranks(specs: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """A chain split for a sharded run: (the methods up to its last one that is not ``per_rank`` —
+    rank 0 applies them and hands the generator over —, the rest, which every rank applies)."""
+    chain = list(resolve_chain(list(specs))) if specs else []
+    last = max((i for i, s in enumerate(chain) if not METHODS.get(parse_method(s)[0]).per_rank), default=-1)
+    return chain[:last + 1], chain[last + 1:]
+
+
 class TokenMethod(Method):
     """Base of the ``tokens`` methods: they install a token policy (``bench.models.policy``) in a
     VAR-family generator's sampling loop; ``target`` gives the family, blocks and scale sizes."""
     kind = "tokens"
+    per_rank = True
     FAMILIES = ("var", "infinity", "hart")
 
     def target(self, gen) -> Tuple[str, list, Tuple[Tuple[int, int], ...]]:

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from bench import shard
 from bench.accounting import count_params, sampling_flops
 from bench.io import check_writable_dir
-from bench.method import Context, apply_chain
+from bench.method import Context, apply_chain, split_for_ranks
 from bench.records import SCHEMA_VERSION, RecordError, RunSpec, find_record, make_record, write_record
 from bench.registry import BENCHES, MODELS
 
@@ -93,24 +93,38 @@ def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: 
     if card.identity(ckpt_dir) != spec.ckpt:
         raise ValueError(f"{spec.label()}: the checkpoint files in {card.folder(ckpt_dir)} are not the ones "
                          f"this spec was made for; make the spec again")
-    torch.manual_seed(spec.seed)
-    gen = card(ckpt_dir=ckpt_dir, device=device).eval()
-    timings["load_s"] = time.perf_counter() - t0
-
-    t = time.perf_counter()
     ctx = Context(world=spec.world, seed=spec.seed, progress=progress, epoch_size=bench.epoch_size,
-                  data=lambda n, split: cached_data(spec, bench, gen.vae, n, split),
                   teacher=lambda: card(ckpt_dir=ckpt_dir, device=device).eval())
-    gen = apply_chain(gen, spec.methods, ctx).eval()
-    timings["methods_s"] = time.perf_counter() - t
+    handed, per_rank = split_for_ranks(spec.methods)
+
+    def dense():
+        torch.manual_seed(spec.seed)
+        gen = card(ckpt_dir=ckpt_dir, device=device).eval()
+        timings["load_s"] = time.perf_counter() - t0
+        ctx.data = lambda n, split: cached_data(spec, bench, gen.vae, n, split)
+        return gen
+
+    shard_cost: Dict[str, object] = {}
+    if shard.active() and handed:       # rank 0 applies these methods once; the other ranks load its result
+        gen, notes, shard_cost["shard_model_reused"] = shard.handoff(
+            lambda: (apply_chain(dense(), handed, ctx), ctx.notes), spec, path, device)
+        ctx.notes[:] = notes
+    else:
+        gen = apply_chain(dense(), handed, ctx)
+    if ctx.data is None:                # a handed-over model: the per-rank methods' data from its tokenizer
+        ctx.data = lambda n, split: cached_data(spec, bench, gen.vae, n, split)
+    t = time.perf_counter()
+    gen = apply_chain(gen, per_rank, ctx).eval()
+    timings.setdefault("load_s", t - t0)   # no dense model built here: the time to load the handed one
+    timings["methods_s"] = time.perf_counter() - t0 - timings["load_s"]
 
     labels = bench.labels(spec.n)
     t = time.perf_counter()
     if shard.active():                  # torchrun: each rank makes its batches (on disk, read back below)
-        images, shard_cost = None, shard.sample(gen, bench, labels, spec, path, progress)
+        images = None
+        shard_cost.update(shard.sample(gen, bench, labels, spec, path, progress))
     else:
-        images, shard_cost = sample(gen, bench, labels, spec.seed, spec.sampling, progress,
-                                    desc=f"sample {spec.label()}"), {}
+        images = sample(gen, bench, labels, spec.seed, spec.sampling, progress, desc=f"sample {spec.label()}")
     timings["sample_s"] = time.perf_counter() - t
 
     t = time.perf_counter()

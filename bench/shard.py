@@ -29,10 +29,19 @@ them) and writes each to ``features-<j>.npz`` (atomically, with the run key; res
 merges the rows in order and calls the bench's ``score``. A bench with ``feature_chunk = 0`` is
 scored by rank 0 alone with its ``evaluate``.
 
+The model (``handoff``): rank 0 loads the model and applies the chain's methods up to the last one
+that is not ``per_rank`` (pruning with calibration, distillation, fine-tuning), saves the generator
+(``torch.save``, atomically) as ``model.pt`` in the shard folder with the run key and the methods'
+notes, and the other ranks load that file onto their device; then every rank applies the rest of the
+chain (token methods: training-free and deterministic). Why not let each rank apply the whole chain
+with the same seed: training and calibration on GPUs are not bit-reproducible across devices, so the
+ranks could sample from slightly different models, and N ranks would repeat hours of work. A resumed
+run finds ``model.pt`` and does not apply those methods again (``cost.shard_model_reused``).
+
 Only a torchrun launch (``WORLD_SIZE`` > 1 in the environment) initialises a process group: NCCL
 when the run's device is CUDA (rank's GPU: ``cuda:$LOCAL_RANK``), gloo on the CPU. A plain
-``varbench run`` never touches torch.distributed. Every rank loads the model and applies the method
-chain itself (same seed, same result); only sampling is split.
+``varbench run`` never touches torch.distributed. The latency bench times one process: under
+torchrun rank 0 times, the other ranks wait for its records (``bench.latency.run_latency``).
 """
 from __future__ import annotations
 
@@ -48,9 +57,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from bench.io import atomic_write_bytes
+from bench.io import atomic_write, atomic_write_bytes
 
 SHARD_SUFFIX = ".shards"
+MODEL_FILE = "model.pt"
 # Rank 0 waits at a barrier for the slowest rank's sampling, the others for rank 0's scoring: both can
 # take hours in the paper world. torchrun stops every rank when one fails, so a long timeout never
 # hides a crash.
@@ -120,6 +130,10 @@ def batch_path(folder: Path, b: int) -> Path:
 
 def features_path(folder: Path, j: int) -> Path:
     return Path(folder) / f"features-{j:06d}.npz"
+
+
+def model_path(folder: Path) -> Path:
+    return Path(folder) / MODEL_FILE
 
 
 def n_batches(n: int, batch_size: int) -> int:
@@ -218,6 +232,49 @@ def sample(gen, bench, labels: torch.Tensor, spec, record_path, progress: bool =
     return cost
 
 
+def save_model(folder: Path, key: str, gen, notes: List[str]) -> Path:
+    """The generator rank 0 made, for the other ranks and for a resumed run (atomic: a file that
+    exists is complete)."""
+    return atomic_write(model_path(folder), lambda fh: torch.save({"key": key, "gen": gen, "notes": list(notes)}, fh))
+
+
+def load_model(folder: Path, key: str, device: str):
+    """(generator, notes) from ``model.pt`` if it exists and holds run ``key``; else None."""
+    path = model_path(folder)
+    if not path.is_file():
+        return None
+    try:   # our own file, written by rank 0 of this run (a whole module: weights_only cannot load it)
+        obj = torch.load(path, map_location=device, weights_only=False)
+    except Exception:
+        return None
+    if not isinstance(obj, dict) or obj.get("key") != key:
+        return None
+    return obj["gen"], obj["notes"]
+
+
+def handoff(make, spec, record_path, device: str):
+    """The generator of a sharded run (module docstring, "The model"): rank 0 calls ``make()`` →
+    (generator, notes) unless ``model.pt`` already holds this run's, the other ranks load what rank 0
+    saved. Returns (generator on this rank's device, notes, whether rank 0 reused an earlier launch's
+    file; None on the other ranks)."""
+    folder, key = shard_dir(record_path), spec.key()
+    folder.mkdir(parents=True, exist_ok=True)
+    if rank() == 0:
+        got = load_model(folder, key, device)
+        reused = got is not None
+        if not reused:
+            got = make()
+            save_model(folder, key, *got)
+        _barrier()                      # model.pt is on disk
+        return (*got, reused)
+    _barrier()
+    got = load_model(folder, key, device)
+    if got is None:
+        raise ShardError(f"rank {rank()}: {model_path(folder)} is missing or not run {key}'s after rank 0 "
+                         f"wrote it (is the results folder shared by every rank?)")
+    return (*got, None)
+
+
 def _chunk_images(folder: Path, key: str, labels: torch.Tensor, bench, seed: int, lo: int, hi: int) -> torch.Tensor:
     """Images lo … hi−1, read from the batch files that hold them (a rank reads only what it extracts)."""
     B = bench.batch_size
@@ -278,6 +335,25 @@ def finish(record_path) -> None:
     if active():
         shutil.rmtree(shard_dir(record_path), ignore_errors=True)
         _barrier()
+
+
+def rank_zero_only(run, specs, root, device: str):
+    """Under torchrun, ``run()`` on rank 0 alone (it writes the records of ``specs``); the other ranks
+    wait for it and return those records. For the latency bench: timing N processes at once on one
+    machine would measure their contention, and N ranks would write the same records."""
+    from bench.records import find_record
+    setup("cpu" if device == "coreml" else device)
+    if rank() == 0:
+        out = run()
+        _barrier()                      # the records are written
+        return out
+    _barrier()
+    recs = [find_record(s, root) for s in specs]
+    missing = [str(s.path(root)) for s, r in zip(specs, recs) if r is None]
+    if missing:
+        raise ShardError(f"rank {rank()}: rank 0 finished but {', '.join(missing)} is not there "
+                         f"(is the results folder shared by every rank?)")
+    return recs
 
 
 def wait_for_record(spec, root=None):

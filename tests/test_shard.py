@@ -162,6 +162,86 @@ def test_a_plain_process_is_not_sharded(monkeypatch):
     assert not torch.distributed.is_initialized()
 
 
+def test_a_chain_is_split_into_what_rank_0_hands_over_and_what_every_rank_applies():
+    from bench.method import split_for_ranks
+    assert split_for_ranks([]) == ([], [])
+    assert split_for_ranks(["dense"]) == ([], [])
+    handed, per_rank = split_for_ranks(["magnitude:sparsity=0.25", "fastvar"])
+    assert [s.split(":")[0] for s in handed] == ["magnitude"] and [s.split(":")[0] for s in per_rank] == ["fastvar"]
+    handed, per_rank = split_for_ranks(["lazyvar"])
+    assert handed == [] and [s.split(":")[0] for s in per_rank] == ["lazyvar"]
+    # a weight method after the token method: everything up to it is rank 0's
+    handed, per_rank = split_for_ranks(["evar:sparsity=0.3", "fastvar", "ft"])
+    assert [s.split(":")[0] for s in handed] == ["evar", "fastvar", "ft"] and per_rank == []
+
+
+class _Spec:
+    def __init__(self, key):
+        self._key = key
+
+    def key(self):
+        return self._key
+
+
+def _as_rank(monkeypatch, r):
+    monkeypatch.setattr(shard, "rank", lambda: r)
+    monkeypatch.setattr(shard, "_barrier", lambda: None)
+
+
+def test_rank_0_makes_the_model_once_and_the_other_ranks_load_it(tmp_path, monkeypatch):
+    record = tmp_path / "run.json"
+    made = []
+
+    def make():
+        made.append(1)
+        return torch.nn.Linear(3, 2), ["magnitude: a note"]
+
+    def must_not_make():
+        raise AssertionError("this rank must load rank 0's model, not make its own")
+
+    _as_rank(monkeypatch, 0)
+    gen0, notes0, reused0 = shard.handoff(make, _Spec(KEY), record, "cpu")
+    assert made == [1] and reused0 is False and notes0 == ["magnitude: a note"]
+    assert shard.model_path(shard.shard_dir(record)).is_file()
+
+    _as_rank(monkeypatch, 1)
+    gen1, notes1, reused1 = shard.handoff(must_not_make, _Spec(KEY), record, "cpu")
+    assert reused1 is None and notes1 == notes0
+    assert all(torch.equal(a, b) for a, b in zip(gen0.state_dict().values(), gen1.state_dict().values()))
+
+    # a relaunch: rank 0 finds its file and does not apply the methods again
+    _as_rank(monkeypatch, 0)
+    gen2, _, reused2 = shard.handoff(must_not_make, _Spec(KEY), record, "cpu")
+    assert reused2 is True and torch.equal(gen2.weight, gen0.weight)
+    # another run's file: rank 0 makes its own; a rank > 0 that finds none of its run's says so
+    made.clear()
+    assert shard.handoff(make, _Spec("f" * 16), record, "cpu")[2] is False and made == [1]
+    _as_rank(monkeypatch, 1)
+    with pytest.raises(shard.ShardError, match="model.pt is missing or not run"):
+        shard.handoff(must_not_make, _Spec(KEY), record, "cpu")
+
+
+def test_under_torchrun_rank_0_alone_times_and_the_others_return_its_records(tmp_path, monkeypatch):
+    from bench.records import find_record, make_record, write_record
+    monkeypatch.setattr(shard, "setup", lambda device: device)
+    spec = make_spec("tiny-var", [], bench="latency", n=3)
+
+    def time_it():
+        write_record(spec.path(tmp_path), make_record(spec, {"latency_ms": 1.0}, {}, {}))
+        return [find_record(spec, tmp_path)]
+
+    def must_not_time():
+        raise AssertionError("only rank 0 times")
+
+    _as_rank(monkeypatch, 1)
+    with pytest.raises(shard.ShardError, match="is not there"):
+        shard.rank_zero_only(must_not_time, [spec], tmp_path, "cpu")
+    _as_rank(monkeypatch, 0)
+    [rec] = shard.rank_zero_only(time_it, [spec], tmp_path, "cpu")
+    _as_rank(monkeypatch, 1)
+    assert shard.rank_zero_only(must_not_time, [spec], tmp_path, "cpu") == [rec]
+
+
 # --------------------------------------------------------------------------------------------------
 # a real torchrun launch: 2 gloo ranks on the CPU against one process
 
@@ -170,11 +250,11 @@ needs_tiny = pytest.mark.skipif(not (ASSETS / "tiny_var.safetensors").is_file(),
 N = 300     # 6 batches (rank 0: 0, 2, 4; rank 1: 1, 3, 5) and 2 feature chunks of 256 (rank 0: 0; rank 1: 1)
 
 
-def torchrun(results, cwd):
+def torchrun(results, cwd, *more, command=("run", "--n", str(N))):
     """``--`` after ``bench``: torchrun's parser would read varbench's ``--n`` as an ambiguous
     abbreviation of its own options (--nnodes, --nproc-per-node, ...)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "bench", "--", "run", "--model", "tiny-var", "--n", str(N), "--results", str(results), "--quiet"]
+           "-m", "bench", "--", *command, "--model", "tiny-var", "--results", str(results), "--quiet", *more]
     out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-4000:]
@@ -262,3 +342,41 @@ def test_a_killed_torchrun_launch_resumes_from_its_finished_shards(tmp_path):
     assert resumed["cost"]["shard_batches_reused"] == len(survivors)
     one = run(spec, root=tmp_path / "one", progress=False)
     assert resumed["metrics"] == one["metrics"] and resumed["run_id"] == one["run_id"]
+
+
+@needs_tiny
+@pytest.mark.slow
+def test_two_torchrun_ranks_share_rank_0s_pruned_model_and_resume_it(tmp_path):
+    """A chain with a weight method: rank 0 prunes, the other rank loads its model; the record equals
+    the single-process one; a relaunch that finds model.pt does not prune again."""
+    chain = "magnitude:sparsity=0.25 + fastvar"
+    spec = make_spec("tiny-var", chain, n=N)
+    one = run(spec, root=tmp_path / "one", progress=False)
+    torchrun(tmp_path / "two", tmp_path, "--method", chain)
+    two = read_record(spec.path(tmp_path / "two"))
+    assert two["run_id"] == one["run_id"] and two["metrics"] == one["metrics"]
+    assert two["cost"]["shard_model_reused"] is False and two["cost"]["params"] == one["cost"]["params"]
+    assert two["notes"] == one["notes"]
+
+    # interrupted after rank 0 handed the model over: the relaunch loads it
+    from bench.method import Context, apply_chain, split_for_ranks
+    root = tmp_path / "resumed"
+    handed, _ = split_for_ranks(spec.methods)
+    torch.manual_seed(spec.seed)
+    ctx = Context(seed=spec.seed, progress=False)
+    gen = apply_chain(MODELS.get("tiny-var")(device="cpu").eval(), handed, ctx)
+    shard.save_model(shard.shard_dir(spec.path(root)), spec.key(), gen, ctx.notes)
+    torchrun(root, tmp_path, "--method", chain)
+    resumed = read_record(spec.path(root))
+    assert resumed["cost"]["shard_model_reused"] is True and resumed["metrics"] == one["metrics"]
+
+
+@needs_tiny
+@pytest.mark.slow
+def test_under_torchrun_the_latency_bench_is_timed_by_rank_0_alone(tmp_path):
+    out = torchrun(tmp_path / "r", tmp_path, "--reps", "3", "--warmup", "1", "--threads", "1",
+                   command=("latency",))
+    records = list((tmp_path / "r").rglob("*.json"))
+    assert len(records) == 1, records
+    assert out.stdout.count("record: ") == 1            # one report, from rank 0
+    assert read_record(records[0])["metrics"]["latency_ms"]["n"] == 3
