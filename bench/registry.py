@@ -74,6 +74,10 @@ class Registry:
         self._items[name] = obj
         return obj
 
+    @property
+    def plural(self) -> str:
+        return self.kind + ("es" if self.kind.endswith(("s", "sh", "ch", "x")) else "s")
+
     def _known(self, name: str) -> None:
         load_all()
         if name not in self._items and name not in self._meta:
@@ -100,7 +104,7 @@ class Registry:
         known = self.names()
         close = difflib.get_close_matches(str(name), known, n=3, cutoff=0.5)
         hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else "."
-        return f"unknown {self.kind} {name!r}{hint} Known {self.kind}s: {', '.join(known) or '(none)'}"
+        return f"unknown {self.kind} {name!r}{hint} Known {self.plural}: {', '.join(known) or '(none)'}"
 
     def names(self) -> list:
         load_all()

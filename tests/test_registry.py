@@ -1,7 +1,7 @@
 import pytest
 
 from bench.cli import main
-from bench.registry import MODELS, Registry, UnknownNameError
+from bench.registry import BENCHES, MODELS, Registry, UnknownNameError
 
 
 def test_register_get_and_names():
@@ -32,6 +32,8 @@ def test_unknown_name_suggests_closest_and_lists_all():
         MODELS.get("var-d61")
     msg = str(e.value)
     assert "did you mean 'var-d16'" in msg and "Known models:" in msg and "var-d30" in msg
+    with pytest.raises(UnknownNameError, match="Known benches: "):
+        BENCHES.get("shapes-c2j")
 
 
 def test_cli_unknown_model_is_a_clear_error(capsys):
