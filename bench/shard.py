@@ -238,14 +238,18 @@ def save_model(folder: Path, key: str, gen, notes: List[str]) -> Path:
     return atomic_write(model_path(folder), lambda fh: torch.save({"key": key, "gen": gen, "notes": list(notes)}, fh))
 
 
-def load_model(folder: Path, key: str, device: str):
-    """(generator, notes) from ``model.pt`` if it exists and holds run ``key``; else None."""
+def load_model(folder: Path, key: str, device: str, unreadable_is_missing: bool = True):
+    """(generator, notes) from ``model.pt`` if it exists and holds run ``key``; else None. A file that
+    cannot be read counts as missing (rank 0 then makes it again) unless ``unreadable_is_missing`` is
+    False (the other ranks: the error, e.g. out of memory on their device, is theirs to report)."""
     path = model_path(folder)
     if not path.is_file():
         return None
     try:   # our own file, written by rank 0 of this run (a whole module: weights_only cannot load it)
         obj = torch.load(path, map_location=device, weights_only=False)
     except Exception:
+        if not unreadable_is_missing:
+            raise
         return None
     if not isinstance(obj, dict) or obj.get("key") != key:
         return None
@@ -268,7 +272,7 @@ def handoff(make, spec, record_path, device: str):
         _barrier()                      # model.pt is on disk
         return (*got, reused)
     _barrier()
-    got = load_model(folder, key, device)
+    got = load_model(folder, key, device, unreadable_is_missing=False)
     if got is None:
         raise ShardError(f"rank {rank()}: {model_path(folder)} is missing or not run {key}'s after rank 0 "
                          f"wrote it (is the results folder shared by every rank?)")

@@ -219,6 +219,14 @@ def test_rank_0_makes_the_model_once_and_the_other_ranks_load_it(tmp_path, monke
     _as_rank(monkeypatch, 1)
     with pytest.raises(shard.ShardError, match="model.pt is missing or not run"):
         shard.handoff(must_not_make, _Spec(KEY), record, "cpu")
+    # a file that cannot be read: rank 0 makes it again, another rank reports the reading error itself
+    shard.model_path(shard.shard_dir(record)).write_bytes(b"not a torch file")
+    with pytest.raises(Exception) as err:
+        shard.handoff(must_not_make, _Spec(KEY), record, "cpu")
+    assert not isinstance(err.value, (shard.ShardError, AssertionError))
+    _as_rank(monkeypatch, 0)
+    made.clear()
+    assert shard.handoff(make, _Spec(KEY), record, "cpu")[2] is False and made == [1]
 
 
 def test_under_torchrun_rank_0_alone_times_and_the_others_return_its_records(tmp_path, monkeypatch):
