@@ -345,12 +345,21 @@ def rank_zero_only(run, specs, root, device: str):
     """Under torchrun, ``run()`` on rank 0 alone (it writes the records of ``specs``); the other ranks
     wait for it and return those records. For the latency bench: timing N processes at once on one
     machine would measure their contention, and N ranks would write the same records."""
-    from bench.records import find_record
     setup("cpu" if device == "coreml" else device)
     if rank() == 0:
         out = run()
         _barrier()                      # the records are written
         return out
+    return _records_after_barrier(specs, root)
+
+
+def wait_for_record(spec, root=None):
+    """Ranks > 0: wait until rank 0 has written the record, and return it."""
+    return _records_after_barrier([spec], root)[0]
+
+
+def _records_after_barrier(specs, root):
+    from bench.records import find_record
     _barrier()
     recs = [find_record(s, root) for s in specs]
     missing = [str(s.path(root)) for s, r in zip(specs, recs) if r is None]
@@ -358,14 +367,3 @@ def rank_zero_only(run, specs, root, device: str):
         raise ShardError(f"rank {rank()}: rank 0 finished but {', '.join(missing)} is not there "
                          f"(is the results folder shared by every rank?)")
     return recs
-
-
-def wait_for_record(spec, root=None):
-    """Ranks > 0: wait until rank 0 has written the record, and return it."""
-    from bench.records import find_record
-    _barrier()
-    rec = find_record(spec, root)
-    if rec is None:
-        raise ShardError(f"rank {rank()}: rank 0 finished but {spec.path(root)} is not there "
-                         f"(is the results folder shared by every rank?)")
-    return rec
