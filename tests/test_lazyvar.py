@@ -59,15 +59,13 @@ def test_cumulative_indices_never_assign_a_position_twice_within_a_group(hws, HW
 
 
 def test_group_mask_is_the_training_mask_of_those_scales(small_gen):
-    pns = small_gen.patch_nums
-    starts = [0]
-    for pn in pns:
-        starts.append(starts[-1] + pn * pn)
+    pns, begin_ends = small_gen.patch_nums, small_gen.var.begin_ends
     full = small_gen.var.attn_bias_for_masking[0, 0]
     for first in (1, 3):
         lens = [pn * pn for pn in pns[first:]]
-        got = group_attn_bias(lens, starts[first], full)[0, 0]
-        assert torch.equal(got, full[starts[first]:, :])
+        start = begin_ends[first][0]
+        got = group_attn_bias(lens, start, full)[0, 0]
+        assert torch.equal(got, full[start:, :])
 
 
 @pytest.mark.parametrize("spec", ["lazyvar:keep=1,pgd=false", "lazyvar:keep=1,pgd=false,criterion=pts"])

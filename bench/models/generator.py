@@ -109,9 +109,6 @@ class Generator(nn.Module):
         blocks_ada, head_ada = var.ada_vectors(cond_2BD) if cache_adaln else (None, None)
         first_BLC = var.first_tokens(cond_2BD)
         f_hat = cond_2BD.new_zeros(B, var.Cvae, self.patch_nums[-1], self.patch_nums[-1])
-        starts = [0]
-        for pn in self.patch_nums:
-            starts.append(starts[-1] + pn * pn)
         policy, tokens, cached = self.token_policy, [], 0
         policy.begin(B, self.patch_nums)
         var.kv_caching(True, max_len=var.L)   # one preallocated KV buffer per block
@@ -128,7 +125,7 @@ class Generator(nn.Module):
                         continue
                     pn = self.patch_nums[si]
                     next_BChw = F.interpolate(f_hat, size=(pn, pn), mode="area")
-                    x_BLC = var.word_embed(next_BChw.flatten(2).transpose(1, 2)) + lvl_pos_1LC[:, starts[si]:starts[si + 1]]
+                    x_BLC = var.word_embed(next_BChw.flatten(2).transpose(1, 2)) + lvl_pos_1LC[:, slice(*var.begin_ends[si])]
                     xs.append(x_BLC.repeat(2, 1, 1) if guided else x_BLC)   # the CFG batch
                 xs, _ = enter_group(policy, group, xs, [self.patch_nums[si] for si in group])
                 route = policy.route(group[0])

@@ -442,7 +442,7 @@ class HART(nn.Module):
                     tokens.append(idx_Bl)
                     h_BChw = h_BlC.transpose(1, 2).reshape(B, self.Cvae, pn, pn)
                     if si < S - 1:
-                        quant.next_input(si, f_hat, h_BChw, pns)
+                        quant.add_scale(si, f_hat, h_BChw, pns)
                     else:
                         f_hat.add_(h_BChw)   # no φ at the last scale
                     policy.observe(si, f_hat)

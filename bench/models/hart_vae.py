@@ -100,14 +100,13 @@ class HybridQuantizer(MultiScaleQuantizer):
             nxt.append(F.interpolate(f_hat, size=(pns[si + 1], pns[si + 1]), mode="area").flatten(2).transpose(1, 2))
         return torch.cat(nxt, dim=1)
 
-    def next_input(self, si: int, f_hat: torch.Tensor, h_BChw: torch.Tensor,
-                   patch_nums: Sequence[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Inference step for a scale before the last (official ``get_next_autoregressive_input``):
-        f_hat += φ(bicubic-up(h)) in place; returns (f_hat, f_hat area-downsampled to the next scale)."""
+    def add_scale(self, si: int, f_hat: torch.Tensor, h_BChw: torch.Tensor,
+                  patch_nums: Sequence[int] = None) -> torch.Tensor:
+        """Inference step for a scale before the last (official ``get_next_autoregressive_input``
+        without the next scale's input): f_hat += φ(bicubic-up(h)) in place."""
         pns = tuple(patch_nums or self.patch_nums)
         assert si < len(pns) - 1, "the last scale is added without φ (HART.sample_tokens does it)"
-        f_hat.add_(self.phi(si, len(pns))(F.interpolate(h_BChw, size=(pns[-1], pns[-1]), mode="bicubic")))
-        return f_hat, F.interpolate(f_hat, size=(pns[si + 1], pns[si + 1]), mode="area")
+        return f_hat.add_(self.phi(si, len(pns))(F.interpolate(h_BChw, size=(pns[-1], pns[-1]), mode="bicubic")))
 
     def idx_to_fhat(self, idx_Bl_list: Sequence[torch.Tensor], residual_BLC: torch.Tensor = None,
                     patch_nums: Sequence[int] = None) -> torch.Tensor:
@@ -117,7 +116,7 @@ class HybridQuantizer(MultiScaleQuantizer):
         B, HW, SN = idx_Bl_list[0].shape[0], pns[-1], len(pns)
         f_hat = self.embedding.weight.new_zeros(B, self.Cvae, HW, HW)
         for si in range(SN - 1):
-            f_hat, _ = self.next_input(si, f_hat, self._embed_BChw(idx_Bl_list[si], pns[si]), pns)
+            self.add_scale(si, f_hat, self._embed_BChw(idx_Bl_list[si], pns[si]), pns)
         last_BLC = self.embedding(idx_Bl_list[-1])
         if residual_BLC is not None:
             last_BLC = last_BLC + residual_BLC
