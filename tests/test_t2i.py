@@ -197,6 +197,25 @@ def test_word_tokenizer_errors():
         tok([""])
 
 
+def test_text_encoder_word_convolution():
+    """The tiny text encoder's word convolution (``conv_kernel``): a word's features do not depend on
+    how much padding follows the prompt (padding is zeroed before the convolution), the weights round
+    trip strictly under their own key, and an even kernel is refused."""
+    torch.manual_seed(0)
+    enc = TinyTextEncoder(TextConfig(**{**TEXT.to_dict(), "conv_kernel": 3})).eval()
+    assert enc.state_dict()["conv.weight"].shape == (32, 32, 3)
+    with torch.no_grad():
+        alone, _ = enc.encode(["a red circle"])   # padded to max_len: one pad after the prompt
+        ids, mask = enc.tokenize(["a red circle"])
+        no_pad = enc(ids[:, :3], mask[:, :3])
+    torch.testing.assert_close(alone[:, :3], no_pad, rtol=0, atol=1e-6)
+    enc2 = TinyTextEncoder(enc.cfg)
+    load_strict(enc2, enc.state_dict(), "text")
+    torch.testing.assert_close(enc2.encode(["a blue square"])[0], enc.encode(["a blue square"])[0], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="conv_kernel must be odd"):
+        TinyTextEncoder(TextConfig(**{**TEXT.to_dict(), "conv_kernel": 2}))
+
+
 def test_t5_folder_missing_is_a_clear_error(tmp_path):
     from bench.models.text import T5TextEncoder
     with pytest.raises(FileNotFoundError, match="flan-t5-xl"):

@@ -126,8 +126,9 @@ def test_canonical_safetensors_metadata_order(tmp_path):
 
 
 def test_tiny_t2i_recipe_runs_pinned_to_its_isa_and_records_it():
-    """The text-to-image recipe re-executes itself under ISA_ENV (torch reads it at start-up): the child
-    sees the AVX2 kernels and the manifest fields say so; an unpinned process records ``isa: None``."""
+    """With ``--isa-pin`` the text-to-image recipe re-executes itself under ISA_ENV (torch reads it at
+    start-up): the child sees the AVX2 kernels and the manifest fields say so; an unpinned process (the
+    default) records ``isa: None``."""
     import json
     import os
     import subprocess

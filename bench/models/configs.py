@@ -187,6 +187,7 @@ class TextConfig:
     depth: int = 2
     heads: int = 4
     out_channels: int = 128          # = the transformer's text_channels
+    conv_kernel: int = 0             # > 0: a 1-D convolution over neighbouring words before the transformer
 
     def to_dict(self) -> dict:
         return asdict(self)

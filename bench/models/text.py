@@ -7,7 +7,16 @@
   pads to 512: the valid tokens' features do not depend on it). Nothing is downloaded: a missing folder or package is
   an error naming what to put where.
 - ``TinyTextEncoder`` (tiny world, ``tiny-t2i``): a word-level tokenizer over a fixed vocabulary and a
-  small pre-norm transformer encoder (``torch.nn.TransformerEncoder``), trained with the model.
+  small pre-norm transformer encoder (``torch.nn.TransformerEncoder``), trained with the model. With
+  ``conv_kernel`` > 0 a 1-D convolution over neighbouring words is added to the embeddings before the
+  transformer, so that from the first step a colour word's vector carries the shape word next to it
+  (and vice versa). Why: the image tokens read the prompt by cross-attention, one text vector per
+  key/value, so "a red circle and a blue square" can only be rendered right if the vector at "red"
+  also says "circle". Trained jointly from scratch without it, the encoder barely learns that binding:
+  linear probes on a 7,000-step model's features (432 position prompts, half to fit, half to test)
+  read a colour word's own shape at 0.39–0.56 and a shape word's colour at 0.44–0.65, near chance
+  (0.25 / 0.33), while each word's own identity reads at 1.0. A pretrained T5 (the paper world) comes
+  with such binding; a tiny encoder trained only through the image loss has to discover it.
 """
 from __future__ import annotations
 
@@ -63,6 +72,10 @@ class TinyTextEncoder(TextEncoder):
         self.tokenize = WordTokenizer(cfg.vocab, cfg.max_len)
         self.embed = nn.Embedding(len(cfg.vocab), cfg.width, padding_idx=0)
         self.pos = nn.Parameter(torch.randn(1, cfg.max_len, cfg.width) * 0.02)
+        if cfg.conv_kernel:
+            if cfg.conv_kernel % 2 == 0:
+                raise ValueError(f"conv_kernel must be odd (a word and the same number of neighbours on each side), got {cfg.conv_kernel}")
+            self.conv = nn.Conv1d(cfg.width, cfg.width, cfg.conv_kernel, padding=cfg.conv_kernel // 2)
         layer = nn.TransformerEncoderLayer(cfg.width, cfg.heads, 4 * cfg.width, dropout=0.0, activation="gelu",
                                            batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, cfg.depth, enable_nested_tensor=False)
@@ -71,6 +84,9 @@ class TinyTextEncoder(TextEncoder):
 
     def forward(self, ids_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
         h = self.embed(ids_BT) + self.pos[:, :ids_BT.shape[1]]
+        if self.cfg.conv_kernel:   # each word's vector gets its neighbours' (padding zeroed first)
+            h = h * mask_BT.unsqueeze(-1)
+            h = h + self.conv(h.transpose(1, 2)).transpose(1, 2)
         h = self.encoder(h, src_key_padding_mask=~mask_BT)
         return self.proj(self.norm(h))
 

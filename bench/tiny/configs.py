@@ -35,7 +35,7 @@ T2I_IMAGE_SIZE = 64
 T2I_SCHEDULE = ((1, 1), (2, 2), (4, 4), (6, 6), (8, 8))   # Infinity's 1:1 schedule up to 8×8: 121 tokens
 
 TINY_BSQ = BSQConfig(codebook_dim=16, base_ch=24, ch_mult=(1, 2, 2, 2), num_res_blocks=1, patch_size=8)
-TINY_TEXT = TextConfig(vocab=T2I_VOCAB, max_len=T2I_MAX_WORDS, width=128, depth=2, heads=4, out_channels=128)
+TINY_TEXT = TextConfig(vocab=T2I_VOCAB, max_len=T2I_MAX_WORDS, width=128, depth=2, heads=4, out_channels=128, conv_kernel=3)
 TINY_T2I = InfinityConfig(depth=4, width=192, num_heads=6, mlp_ratio=4.0, text_channels=TINY_TEXT.out_channels,
                           text_maxlen=T2I_MAX_WORDS, codebook_dim=TINY_BSQ.codebook_dim, block_chunks=1,
                           scale_schedule=T2I_SCHEDULE, rope_grid=T2I_SCHEDULE[-1], cond_drop_rate=0.1,
