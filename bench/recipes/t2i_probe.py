@@ -44,8 +44,9 @@ def _altered(spec: scenes.SceneSpec, probe: str) -> str:
     return f"a {a.colour} {a.shape} {joint} a {b.colour} {b.shape}"
 
 
-def _scenes(probe: str, n: int, pool: int = VAL_POOL):
-    imgs, prompts, specs, _ = scenes.generate(pool, "val")
+def _scenes(val, probe: str, n: int):
+    """Up to n probe scenes of ``val`` = (images, prompts, specs): images, true and altered prompts."""
+    imgs, prompts, specs = val
     tasks = ("position",) if probe == "relation" else ("two_object", "color_attr")
     sel = [i for i, s in enumerate(specs) if s.task in tasks and s.objects[0].shape != s.objects[1].shape
            and s.objects[0].colour != s.objects[1].colour][:n]
@@ -63,13 +64,15 @@ def _ce_per_scale(gen, prompts: List[str], bits, x) -> torch.Tensor:
 
 @torch.no_grad()
 def prompt_sensitivity(gen, n: int = 150, pool: int = VAL_POOL) -> Dict[str, dict]:
-    """Per probe, on up to ``n`` of the first ``pool`` val scenes: ``scenes`` (how many), ``ce`` (mean bitwise cross-entropy per scale with the true
-    prompts) and ``delta`` (per scale: altered prompt minus true prompt, nats per bit)."""
+    """Per probe, on up to ``n`` of the first ``pool`` val scenes: ``scenes`` (how many), ``ce`` (mean
+    bitwise cross-entropy per scale with the true prompts) and ``delta`` (per scale: altered prompt
+    minus true prompt, nats per bit)."""
     was_training = gen.training
     gen.eval()
+    val = scenes.generate(pool, "val")[:3]
     out = {}
     for probe in PROBES:
-        imgs, true_p, alt_p = _scenes(probe, n, pool)
+        imgs, true_p, alt_p = _scenes(val, probe, n)
         z = gen.vae.encoder(imgs.float().div(127.5).sub(1).to(gen.device)).float()
         bits, x = gen.vae.requantize(z, gen.schedule, 0.0)
         ce = _ce_per_scale(gen, true_p, bits, x)

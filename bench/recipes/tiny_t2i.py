@@ -41,8 +41,8 @@ with manifest entries (sha256, recipe, seed, thread count, SIMD level, curves, q
    ================================================  ==========================  =================
 
    Two-object and position stay below their bars. The probe says why position does: flipping the
-   relation word changes no scale's cross-entropy by more than 0.0002 — the model has not learned
-   to read it. Deviations: the loss averages every token alike (official ``train.sh`` reweights by
+   relation's direction (left of ↔ right of, above ↔ below) changes no scale's cross-entropy by more
+   than 0.0002 — the model does not read which way the relation points. Deviations: the loss averages every token alike (official ``train.sh`` reweights by
    scale); the weights are stored as fp16 (the final quality figures are measured on the stored
    weights).
 3. ``eval`` — the quality bars, measured with the exact scene detector (``bench.data.scenes_detect``)
