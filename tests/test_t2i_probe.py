@@ -33,6 +33,8 @@ def test_a_prompt_blind_model_has_zero_sensitivity(random_gen):
     assert set(out) == set(t2i_probe.PROBES)
     assert all(len(p["delta"]) == len(configs.T2I_SCHEDULE) and p["scenes"] > 0 for p in out.values())
     assert any(abs(d) > 0 for p in out.values() for d in p["delta"])
+    inputs = t2i_probe.probe_inputs(random_gen.vae, random_gen.schedule, n=6, pool=120)
+    assert t2i_probe.prompt_sensitivity(random_gen, inputs=inputs) == out   # built once (training) = built per call
     proj = random_gen.text_encoder.proj
     saved = proj.weight.detach().clone()
     try:

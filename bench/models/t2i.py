@@ -183,6 +183,13 @@ class T2IGenerator(nn.Module):
         x = self.vae.bits_to_var_input(bits, self.schedule) if x_BLd is None else x_BLd
         return self.infinity(feats_BTC, mask_BT, x, self.schedule)
 
+    def token_ce(self, feats_BTC, mask_BT, bits: Sequence[torch.Tensor], x_BLd=None) -> torch.Tensor:
+        """Cross-entropy of every token [B, L] under teacher forcing, averaged over its bits."""
+        logits_BLd2 = self.forward_teacher(feats_BTC, mask_BT, bits, x_BLd)
+        B, L = logits_BLd2.shape[:2]
+        return F.cross_entropy(logits_BLd2.reshape(-1, 2), torch.cat(bits, dim=1).reshape(-1),
+                               reduction="none").view(B, L, -1).mean(dim=-1)
+
     def loss(self, feats_BTC, mask_BT, bits: Sequence[torch.Tensor], x_BLd=None,
              reweight_by_scale: bool = False) -> torch.Tensor:
         """Infinity's bit-label loss: the cross-entropy of every bit, averaged over a token's bits
@@ -190,11 +197,8 @@ class T2IGenerator(nn.Module):
         ``reweight_by_scale`` (the official ``scripts/train.sh`` sets ``--reweight_loss_by_scale 1``) a
         token of scale k weighs √(h_K·w_K)/√(h_k·w_k), normalised to sum 1, so that coarse scales are not
         drowned by the many tokens of fine ones — then over the batch."""
-        logits_BLd2 = self.forward_teacher(feats_BTC, mask_BT, bits, x_BLd)
-        B, L = logits_BLd2.shape[:2]
-        ce_BLd = F.cross_entropy(logits_BLd2.reshape(-1, 2), torch.cat(bits, dim=1).reshape(-1),
-                                 reduction="none").view(B, L, -1)
-        ce_BL = ce_BLd.mean(dim=-1)
+        ce_BL = self.token_ce(feats_BTC, mask_BT, bits, x_BLd)
+        L = ce_BL.shape[1]
         if not reweight_by_scale:
             return ce_BL.mean()
         side_K = (self.schedule[-1][0] * self.schedule[-1][1]) ** 0.5

@@ -19,10 +19,9 @@ uses that respect of the prompt (0: it ignores it).
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
-import torch.nn.functional as F
 
 from bench.data import scenes
 
@@ -54,27 +53,37 @@ def _scenes(val, probe: str, n: int):
 
 
 @torch.no_grad()
+def probe_inputs(vae, schedule, n: int = 150, pool: int = VAL_POOL) -> Dict[str, tuple]:
+    """Per probe: (true prompts, altered prompts, label bits, teacher-forcing input) of up to ``n`` of
+    the first ``pool`` val scenes. The VAE is frozen, so a training run builds these once and probes
+    with them at every quality-curve point."""
+    val = scenes.generate(pool, "val")[:3]
+    dev = next(vae.parameters()).device
+    out = {}
+    for probe in PROBES:
+        imgs, true_p, alt_p = _scenes(val, probe, n)
+        z = vae.encoder(imgs.float().div(127.5).sub(1).to(dev)).float()
+        out[probe] = (true_p, alt_p, *vae.requantize(z, schedule, 0.0))
+    return out
+
+
+@torch.no_grad()
 def _ce_per_scale(gen, prompts: List[str], bits, x) -> torch.Tensor:
-    feats, mask = gen.encode_prompts(prompts)
-    logits = gen.forward_teacher(feats, mask, bits, x)
-    ce_BL = F.cross_entropy(logits.reshape(-1, 2), torch.cat(bits, dim=1).reshape(-1),
-                            reduction="none").view(*logits.shape[:2], -1).mean(-1)
+    ce_BL = gen.token_ce(*gen.encode_prompts(prompts), bits, x)
     return torch.stack([c.mean() for c in ce_BL.split([h * w for h, w in gen.schedule], dim=1)])
 
 
 @torch.no_grad()
-def prompt_sensitivity(gen, n: int = 150, pool: int = VAL_POOL) -> Dict[str, dict]:
-    """Per probe, on up to ``n`` of the first ``pool`` val scenes: ``scenes`` (how many), ``ce`` (mean
-    bitwise cross-entropy per scale with the true prompts) and ``delta`` (per scale: altered prompt
-    minus true prompt, nats per bit)."""
+def prompt_sensitivity(gen, n: int = 150, pool: int = VAL_POOL, inputs: Optional[Dict[str, tuple]] = None
+                       ) -> Dict[str, dict]:
+    """Per probe, on up to ``n`` of the first ``pool`` val scenes (or on ``inputs`` from
+    :func:`probe_inputs`): ``scenes`` (how many), ``ce`` (mean bitwise cross-entropy per scale with the
+    true prompts) and ``delta`` (per scale: altered prompt minus true prompt, nats per bit)."""
+    inputs = inputs or probe_inputs(gen.vae, gen.schedule, n, pool)
     was_training = gen.training
     gen.eval()
-    val = scenes.generate(pool, "val")[:3]
     out = {}
-    for probe in PROBES:
-        imgs, true_p, alt_p = _scenes(val, probe, n)
-        z = gen.vae.encoder(imgs.float().div(127.5).sub(1).to(gen.device)).float()
-        bits, x = gen.vae.requantize(z, gen.schedule, 0.0)
+    for probe, (true_p, alt_p, bits, x) in inputs.items():
         ce = _ce_per_scale(gen, true_p, bits, x)
         delta = _ce_per_scale(gen, alt_p, bits, x) - ce
         out[probe] = {"scenes": len(true_p), "ce": [round(v, 4) for v in ce.tolist()],

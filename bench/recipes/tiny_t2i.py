@@ -85,7 +85,7 @@ from bench.models.bsq import BSQVAE
 from bench.models.infinity import Infinity
 from bench.models.t2i import T2IGenerator
 from bench.models.text import TinyTextEncoder
-from bench.recipes.t2i_probe import prompt_sensitivity
+from bench.recipes.t2i_probe import probe_inputs, prompt_sensitivity
 from bench.recipes.tiny import (
     ISA_ENV,
     _lr,
@@ -213,6 +213,7 @@ def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, sna
     g = torch.Generator().manual_seed(recipe["seed"] + 1)
     curve: List[dict] = []
     quality_curve: List[dict] = []
+    probe_set = probe_inputs(vae, configs.T2I_SCHEDULE) if recipe.get("eval_every") else None
     bar = tqdm(range(recipe["steps"]), desc="tiny-t2i", disable=not progress)
     for step in bar:
         for pg in opt.param_groups:
@@ -233,7 +234,7 @@ def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, sna
             # the quality curve: the bars on fewer held-out prompts, measured on the fp32 weights in training
             gen.eval()
             q = measure(gen, dict(TINY_T2I_SAMPLING), per_task=recipe["eval_per_task"], progress=False)
-            probe = {k: v["delta"] for k, v in prompt_sensitivity(gen).items()}
+            probe = {k: v["delta"] for k, v in prompt_sensitivity(gen, inputs=probe_set).items()}
             gen.train()
             quality_curve.append({"step": step + 1, **q, "prompt_sensitivity": probe})
             tqdm.write(f"step {step + 1}: {json.dumps(q)} prompt sensitivity {json.dumps(probe)}")
