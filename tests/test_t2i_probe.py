@@ -46,3 +46,36 @@ def test_a_prompt_blind_model_has_zero_sensitivity(random_gen):
             proj.weight.copy_(saved)
     assert all(d == 0 for p in blind.values() for d in p["delta"])
     assert [p["ce"] for p in blind.values()] != [p["ce"] for p in out.values()]
+
+
+def test_layout_agrees_on_true_and_mirrored_scenes():
+    """The ground-truth scenes agree with their relation; mirrored left–right, the horizontal ones all
+    disagree and the vertical ones still agree (the measure can fail, and reads the right axis)."""
+    from bench.data import scenes
+    imgs, _, specs, _ = scenes.generate(240, "val")
+    sel = [i for i, s in enumerate(specs) if s.task == "position" and s.objects[0].colour != s.objects[1].colour]
+    imgs, specs = imgs[sel], [specs[i] for i in sel]
+    horizontal = [s.relation in ("left of", "right of") for s in specs]
+    assert 0 < sum(horizontal) < len(specs)
+    assert all(t2i_probe.layout_agrees(imgs, specs))
+    assert t2i_probe.layout_agrees(imgs.flip(-1), specs) == [not h for h in horizontal]
+    assert t2i_probe.layout_agrees(imgs.float().div(255), specs) == t2i_probe.layout_agrees(imgs, specs)
+
+
+def test_partial_images_and_layout_agreement(random_gen):
+    vae, schedule = random_gen.vae, random_gen.schedule
+    z = torch.randn(2, vae.d, *schedule[-1], generator=torch.Generator().manual_seed(0))
+    bits, _ = vae.requantize(z, schedule, 0.0)
+    parts = t2i_probe.partial_images(vae, bits, schedule)
+    assert len(parts) == len(schedule)
+    with torch.no_grad():
+        full = vae.decode(sum(torch.nn.functional.interpolate(vae.lfq.bits_to_codes(b.view(2, h, w, -1)),
+                                                              size=(1, *schedule[-1]), mode="trilinear")
+                              for b, (h, w) in zip(bits, schedule)).squeeze(2)).add(1).div(2)
+    torch.testing.assert_close(parts[-1], full, rtol=0, atol=1e-5)
+    assert not torch.allclose(parts[0], parts[-1])
+    out = t2i_probe.layout_agreement(random_gen, dict(cfg=3.0, tau=1.0, top_k=0, top_p=0.97), n=8, pool=120)
+    assert out["scenes"] > 0 and len(out["reference"]) == len(out["sampled"]) == len(schedule)
+    assert all(0 <= v <= 1 for v in out["reference"] + out["sampled"])
+    inputs = t2i_probe.layout_inputs(vae, schedule, n=8, pool=120)
+    assert t2i_probe.layout_agreement(random_gen, dict(cfg=3.0, tau=1.0, top_k=0, top_p=0.97), inputs=inputs) == out

@@ -147,3 +147,21 @@ def test_tiny_t2i_recipe_runs_pinned_to_its_isa_and_records_it():
     # a bad stage is refused before any child process is started
     with pytest.raises(SystemExit):
         tiny_t2i.main(["--stages", "bsq,vqvae"])
+
+
+@pytest.mark.slow
+def test_tiny_t2i_training_loop_records_its_curves():
+    """Two steps of the tiny-t2i training loop (random VAE, a small pool): the loss curve and one
+    quality-curve point with the bars, the prompt-sensitivity deltas and the sampled layout agreement,
+    one value per scale each (about 40 s: the probes build their val scenes)."""
+    from bench.models.bsq import BSQVAE
+    from bench.recipes import tiny_t2i
+    from bench.tiny import configs
+    torch.manual_seed(0)
+    recipe = dict(tiny_t2i.T2I_RECIPE, steps=2, pool=256, eval_every=2, eval_per_task=2)
+    _, _, info = tiny_t2i.train_t2i(BSQVAE(configs.TINY_BSQ).eval(), recipe, progress=False)
+    assert [c["step"] for c in info["curve"]] == [0, 1]
+    (point,) = info["quality_curve"]
+    assert point["step"] == 2 and set(tiny_t2i.BARS) <= set(point)
+    K = len(configs.T2I_SCHEDULE)
+    assert all(len(d) == K for d in point["prompt_sensitivity"].values()) and len(point["layout_agreement"]) == K

@@ -14,8 +14,15 @@ uses that respect of the prompt (0: it ignores it).
   circle): the reference scale for ``binding`` (how much the shape words are used at all).
 - ``relation``: position scenes, the relation word flipped (left of ↔ right of, above ↔ below).
 
-``python -m bench.recipes.t2i_probe [--dir FOLDER]`` prints the probe of a trained tiny-t2i folder
-(default: the shipped one, or ``$VARBENCH_TINY_DIR``).
+Layout agreement (``layout_agreement``). A position prompt fixes which colour lies on which side, and
+a next-scale model has to commit to that colour layout early: on ``val`` position scenes, the sum of
+the VAE's own codes over the first k scales, decoded, is the ``reference``; ``sampled`` is the same
+for the model's samples of the scenes' prompts. Per k, the fraction of scenes whose two colours lie in
+the prompt's order along the relation's axis (centroids of the colour-strength maps of
+``bench.data.scenes_detect``): 0.5 is chance; the reference says at which scale the layout is decided.
+
+``python -m bench.recipes.t2i_probe [--dir FOLDER] [--layout]`` prints the probe (and the layout
+agreement) of a trained tiny-t2i folder (default: the shipped one, or ``$VARBENCH_TINY_DIR``).
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from typing import Dict, List, Optional
 import torch
 
 from bench.data import scenes
+from bench.models.bsq import _resize
 
 PROBES = ("binding", "shapes", "relation")
 NEXT_SHAPE = {"circle": "square", "square": "triangle", "triangle": "cross", "cross": "circle"}
@@ -92,6 +100,69 @@ def prompt_sensitivity(gen, n: int = 150, pool: int = VAL_POOL, inputs: Optional
     return out
 
 
+# ---------------------------------------------------------------------------------------- layout
+AXIS = {"left of": (-1, 1), "right of": (-1, -1), "above": (-2, 1), "below": (-2, -1)}   # (image dim, sign)
+
+
+@torch.no_grad()
+def partial_images(vae, bits, schedule) -> List[torch.Tensor]:
+    """Per k, the image [B, 3, H, W] in [0, 1] decoded from the codes of scales 1..k summed on the final
+    grid (each scale's bits → codes, trilinear up, as the sampler sums them)."""
+    Hf, Wf = schedule[-1]
+    total, out = 0.0, []
+    for b, (h, w) in zip(bits, schedule):
+        total = total + _resize(vae.lfq.bits_to_codes(b.view(b.shape[0], h, w, -1)), (Hf, Wf), "trilinear")
+        out.append(vae.decode(total.squeeze(2)).add(1).div(2))
+    return out
+
+
+def layout_agrees(img_B3HW: torch.Tensor, specs) -> List[bool]:
+    """Per position scene: do its two objects' colours lie in the prompt's order along the relation's
+    axis (colour-strength centroids)? The colours must differ."""
+    img = img_B3HW.float()
+    img = img.div(255) if img_B3HW.dtype == torch.uint8 else img
+    strength = (1.5 * img - 0.5 * img.sum(1, keepdim=True)).clamp(min=0)    # scenes_detect's colour strength
+    names = list(scenes.COLOUR_NAMES)
+    out = []
+    for st, spec in zip(strength, specs):
+        dim, sign = AXIS[spec.relation]
+        c = []
+        for o in spec.objects:
+            prof = st[names.index(o.colour)].sum(dim=-1 if dim == -2 else -2)   # profile along the axis
+            c.append((prof * torch.arange(len(prof))).sum() / prof.sum().clamp(min=1e-6))
+        out.append(bool(sign * (c[1] - c[0]) > 0))
+    return out
+
+
+@torch.no_grad()
+def layout_inputs(vae, schedule, n: int = 150, pool: int = VAL_POOL) -> tuple:
+    """(prompts, specs, reference agreement per scale) of up to ``n`` position scenes with two colours
+    among the first ``pool`` val scenes; the reference (the VAE's own codes) is the same at every curve
+    point of a training run, so the recipe builds this once."""
+    imgs, prompts, specs = scenes.generate(pool, "val")[:3]
+    sel = [i for i, sp in enumerate(specs) if sp.task == "position" and sp.objects[0].colour != sp.objects[1].colour][:n]
+    specs = [specs[i] for i in sel]
+    z = vae.encoder(imgs[sel].float().div(127.5).sub(1).to(next(vae.parameters()).device)).float()
+    bits, _ = vae.requantize(z, schedule, 0.0)
+    return [prompts[i] for i in sel], specs, _agreement(vae, bits, schedule, specs)
+
+
+def _agreement(vae, bits, schedule, specs) -> List[float]:
+    return [round(sum(layout_agrees(im, specs)) / len(specs), 4) for im in partial_images(vae, bits, schedule)]
+
+
+@torch.no_grad()
+def layout_agreement(gen, sampling: dict, n: int = 150, pool: int = VAL_POOL, seed: int = 0,
+                     inputs: Optional[tuple] = None) -> Dict[str, object]:
+    """On up to ``n`` position scenes (two colours) of the first ``pool`` val scenes (or ``inputs`` from
+    :func:`layout_inputs`): per scale k, the fraction whose colour layout after scales 1..k agrees with
+    the relation, for the VAE's codes of the true scene (``reference``) and for the model's samples of
+    their prompts with ``sampling`` and ``seed`` (``sampled``)."""
+    prompts, specs, reference = inputs or layout_inputs(gen.vae, gen.schedule, n, pool)
+    sampled, _ = gen.sample_bits(*gen.encode_prompts(prompts), seed=seed, **sampling)
+    return {"scenes": len(specs), "reference": reference, "sampled": _agreement(gen.vae, sampled, gen.schedule, specs)}
+
+
 def main(argv=None) -> int:
     import argparse
     import json
@@ -103,11 +174,18 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dir", default=None, help="folder with the tiny-t2i files (default: the tiny assets folder)")
     p.add_argument("--n", type=int, default=150, help="scenes per probe (default 150)")
+    p.add_argument("--layout", action="store_true",
+                   help="also the layout agreement of position scenes per scale (the card's sampling, seed 0)")
     a = p.parse_args(argv)
     if a.n < 1:
         p.error(f"--n must be ≥ 1, got {a.n}")
     folder = Path(a.dir) if a.dir else tiny_assets_dir()
-    print(json.dumps(prompt_sensitivity(load_tiny_t2i(folder), a.n), indent=1))
+    gen = load_tiny_t2i(folder)
+    out = prompt_sensitivity(gen, a.n)
+    if a.layout:
+        from bench.registry import MODELS
+        out["layout"] = layout_agreement(gen, dict(MODELS.get("tiny-t2i").sampling), a.n)
+    print(json.dumps(out, indent=1))
     return 0
 
 

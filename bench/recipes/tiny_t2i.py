@@ -18,7 +18,8 @@ with manifest entries (sha256, recipe, seed, thread count, SIMD level, curves, q
    ``eval_per_task`` prompts per task (fp32 weights in training, the card's sampling): the manifest's
    ``quality_curve``, with the prompt-sensitivity probe (``bench.recipes.t2i_probe``: how much the
    teacher-forced cross-entropy of held-out scenes rises when the shapes are swapped between the
-   colours, or the relation word is flipped). The text encoder has a word convolution
+   colours, or the relation word is flipped) and the layout agreement of sampled position scenes per
+   scale (``t2i_probe.layout_agreement``: 0.5 is chance). The text encoder has a word convolution
    (``TINY_TEXT.conv_kernel`` = 3, ``bench.models.text``): without it the model learned to ignore
    which colour goes with which shape (7,000 steps: swapping shapes raised the 8×8 scale's
    cross-entropy by 0.0002 nats/bit, against 0.024 for replacing both shapes); with it, by 0.0153
@@ -44,7 +45,20 @@ with manifest entries (sha256, recipe, seed, thread count, SIMD level, curves, q
 
    Two-object and position stay below their bars. The probe says why position does: flipping the
    relation's direction (left of ↔ right of, above ↔ below) changes no scale's cross-entropy by more
-   than 0.0002 — the model does not read which way the relation points. Deviations: the loss averages every token alike (official ``train.sh`` reweights by
+   than 0.0002 — the model does not read which way the relation points. Where it would have to: on
+   147 val position scenes the VAE's own codes summed over the first 1, 2, 3, 4, 5 scales put the two
+   colours in the prompt's order in 0.50 / 0.81 / 0.97 / 1.00 / 1.00 of them (the layout is decided
+   on the 2×2 and 4×4 scales), while this recipe's samples do so in 0.49 / 0.52 / 0.52 / 0.51 / 0.52
+   (chance): the objects land on the right axis in a random order (``python -m
+   bench.recipes.t2i_probe --layout``). Measured attempts to teach it on those scales, none kept: a
+   second batch of 48 position scenes per step scored on the 1×1 and 2×2 scales only (weight 1)
+   slowed everything else (2,000 steps: 0.32 / 0.02 / 0.22 / 0.00 on 50 prompts per task against
+   0.66 / 0.12 / 0.24 / 0.02 for this recipe; relation delta 0.0009 at 2×2; stopped at 2,142 steps);
+   a model trained from scratch on position scenes and those two scales alone (1,800 steps) does read
+   the relation (delta 0.014 at 2×2 from step ~1,200) but its sampled 2×2 layouts stay at chance
+   (0.53 at cfg 1, 0.55 at cfg 3); with the 4×4 scale added and, in half the rows, the 2×2 context
+   destroyed (bits flipped with p = 0.5) so that the 4×4 scale has to read the relation, 0.54.
+   Deviations: the loss averages every token alike (official ``train.sh`` reweights by
    scale); the weights are stored as fp16 (the final quality figures are measured on the stored
    weights).
 3. ``eval`` — the quality bars, measured with the exact scene detector (``bench.data.scenes_detect``)
@@ -85,7 +99,7 @@ from bench.models.bsq import BSQVAE
 from bench.models.infinity import Infinity
 from bench.models.t2i import T2IGenerator
 from bench.models.text import TinyTextEncoder
-from bench.recipes.t2i_probe import probe_inputs, prompt_sensitivity
+from bench.recipes.t2i_probe import layout_agreement, layout_inputs, probe_inputs, prompt_sensitivity
 from bench.recipes.tiny import (
     ISA_ENV,
     _lr,
@@ -214,6 +228,7 @@ def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, sna
     curve: List[dict] = []
     quality_curve: List[dict] = []
     probe_set = probe_inputs(vae, configs.T2I_SCHEDULE) if recipe.get("eval_every") else None
+    layout_set = layout_inputs(vae, configs.T2I_SCHEDULE) if recipe.get("eval_every") else None
     bar = tqdm(range(recipe["steps"]), desc="tiny-t2i", disable=not progress)
     for step in bar:
         for pg in opt.param_groups:
@@ -235,9 +250,11 @@ def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, sna
             gen.eval()
             q = measure(gen, dict(TINY_T2I_SAMPLING), per_task=recipe["eval_per_task"], progress=False)
             probe = {k: v["delta"] for k, v in prompt_sensitivity(gen, inputs=probe_set).items()}
+            layout = layout_agreement(gen, dict(TINY_T2I_SAMPLING), inputs=layout_set)["sampled"]
             gen.train()
-            quality_curve.append({"step": step + 1, **q, "prompt_sensitivity": probe})
-            tqdm.write(f"step {step + 1}: {json.dumps(q)} prompt sensitivity {json.dumps(probe)}")
+            quality_curve.append({"step": step + 1, **q, "prompt_sensitivity": probe, "layout_agreement": layout})
+            tqdm.write(f"step {step + 1}: {json.dumps(q)} prompt sensitivity {json.dumps(probe)} "
+                       f"layout agreement {json.dumps(layout)}")
         if snapshot is not None and (step + 1) % 500 == 0:
             save_safetensors(inf, snapshot, configs.TINY_T2I.to_dict(), half=True)
             save_safetensors(text, snapshot.with_name(snapshot.name.replace(".safetensors", "_text.safetensors")),
@@ -303,12 +320,15 @@ def run(out: Path, stages=STAGES, progress: bool = True) -> None:
             gen = load_tiny_t2i(out).eval()
             q = measure(gen, sampling, progress=progress)
             probe = prompt_sensitivity(gen)
+            layout = layout_agreement(gen, sampling)
         set_quality(out, "tiny-t2i", {**q, "per_task": EVAL["per_task"], "seed": EVAL["seed"], "sampling": sampling,
                                       "threads": threads, "bars": BARS, "met": {t: q[t] >= b for t, b in BARS.items()},
-                                      "prompt_sensitivity": probe})
+                                      "prompt_sensitivity": probe, "layout_agreement": layout})
         print("tiny-t2i quality:", json.dumps(q))
         print("prompt sensitivity (cross-entropy increase per scale):",
               json.dumps({k: v["delta"] for k, v in probe.items()}))
+        print("layout agreement of position scenes per scale (reference, sampled):",
+              json.dumps(layout["reference"]), json.dumps(layout["sampled"]))
 
 
 def main(argv=None) -> int:
