@@ -167,10 +167,16 @@ def noise_level(strength: np.ndarray) -> float:
     return float(1.4826 * np.median(np.abs(r - np.median(r, axis=1, keepdims=True))))
 
 
+def colour_strength(img):
+    """s_k = p_k − (sum of the other two channels)/2 for each colour channel k of float images [..., 3, H, W]
+    (numpy or torch): 1.5·p_k − 0.5·(p_0 + p_1 + p_2)."""
+    return 1.5 * img - 0.5 * (img[..., 0:1, :, :] + img[..., 1:2, :, :] + img[..., 2:3, :, :])
+
+
 def detect_one(img: np.ndarray) -> List[Detection]:
     """Detections of one float image [3, H, W] in [0, 1] (ordered by colour, then label)."""
     _, H, W = img.shape
-    strength = 1.5 * img - 0.5 * img.sum(0, keepdims=True)            # 3, H, W
+    strength = colour_strength(img)                                    # 3, H, W
     if noise_level(strength) > NOISE_SMOOTH:
         strength = ndimage.gaussian_filter(strength, sigma=(0, SMOOTH_SIGMA, SMOOTH_SIGMA), mode="nearest")
     colour = strength.argmax(0)

@@ -26,11 +26,13 @@ agreement) of a trained tiny-t2i folder (default: the shipped one, or ``$VARBENC
 """
 from __future__ import annotations
 
+import functools
 from typing import Dict, List, Optional
 
 import torch
 
 from bench.data import scenes
+from bench.data.scenes_detect import colour_strength
 from bench.models.bsq import _resize
 
 PROBES = ("binding", "shapes", "relation")
@@ -60,12 +62,19 @@ def _scenes(val, probe: str, n: int):
     return imgs[sel], [prompts[i] for i in sel], [_altered(specs[i], probe) for i in sel]
 
 
+@functools.lru_cache(maxsize=2)
+def _val(pool: int):
+    """(images, prompts, specs) of the first ``pool`` val scenes, generated once per process (the probe
+    and the layout agreement read the same scenes)."""
+    return scenes.generate(pool, "val")[:3]
+
+
 @torch.no_grad()
 def probe_inputs(vae, schedule, n: int = 150, pool: int = VAL_POOL) -> Dict[str, tuple]:
     """Per probe: (true prompts, altered prompts, label bits, teacher-forcing input) of up to ``n`` of
     the first ``pool`` val scenes. The VAE is frozen, so a training run builds these once and probes
     with them at every quality-curve point."""
-    val = scenes.generate(pool, "val")[:3]
+    val = _val(pool)
     dev = next(vae.parameters()).device
     out = {}
     for probe in PROBES:
@@ -121,7 +130,7 @@ def layout_agrees(img_B3HW: torch.Tensor, specs) -> List[bool]:
     axis (colour-strength centroids)? The colours must differ."""
     img = img_B3HW.float()
     img = img.div(255) if img_B3HW.dtype == torch.uint8 else img
-    strength = (1.5 * img - 0.5 * img.sum(1, keepdim=True)).clamp(min=0)    # scenes_detect's colour strength
+    strength = colour_strength(img).clamp(min=0)
     names = list(scenes.COLOUR_NAMES)
     out = []
     for st, spec in zip(strength, specs):
@@ -139,7 +148,7 @@ def layout_inputs(vae, schedule, n: int = 150, pool: int = VAL_POOL) -> tuple:
     """(prompts, specs, reference agreement per scale) of up to ``n`` position scenes with two colours
     among the first ``pool`` val scenes; the reference (the VAE's own codes) is the same at every curve
     point of a training run, so the recipe builds this once."""
-    imgs, prompts, specs = scenes.generate(pool, "val")[:3]
+    imgs, prompts, specs = _val(pool)
     sel = [i for i, sp in enumerate(specs) if sp.task == "position" and sp.objects[0].colour != sp.objects[1].colour][:n]
     specs = [specs[i] for i in sel]
     z = vae.encoder(imgs[sel].float().div(127.5).sub(1).to(next(vae.parameters()).device)).float()
