@@ -216,6 +216,24 @@ def test_text_encoder_word_convolution():
         TinyTextEncoder(TextConfig(**{**TEXT.to_dict(), "conv_kernel": 2}))
 
 
+def test_bit_loss_uniform_and_reweighted_by_scale(small_gen):
+    """``T2IGenerator.loss`` = the mean bitwise cross-entropy of every bit (uniform), or with
+    ``reweight_by_scale`` each token of scale k weighted √(h_K·w_K / h_k·w_k), normalised; computed here
+    directly from the logits."""
+    feats, mask = _text(small_gen)
+    z = torch.randn(2, SMALL.codebook_dim, 4, 4, generator=torch.Generator().manual_seed(4))
+    bits, x = small_gen.vae.requantize(z, SMALL.scale_schedule)
+    logits = small_gen.forward_teacher(feats, mask, bits, x)
+    ce_BL = torch.nn.functional.cross_entropy(logits.reshape(-1, 2), torch.cat(bits, 1).reshape(-1),
+                                              reduction="none").view(2, logits.shape[1], -1).mean(-1)
+    torch.testing.assert_close(small_gen.loss(feats, mask, bits, x), ce_BL.mean())
+    w = torch.cat([torch.full((h * w_,), 4 / math.sqrt(h * w_)) for h, w_ in SMALL.scale_schedule])
+    want = (ce_BL * (w / w.sum())).sum(-1).mean()
+    got = small_gen.loss(feats, mask, bits, x, reweight_by_scale=True)
+    torch.testing.assert_close(got, want)
+    assert not torch.allclose(got, ce_BL.mean())   # the weighting changes the value: the check can fail
+
+
 def test_t5_folder_missing_is_a_clear_error(tmp_path):
     from bench.models.text import T5TextEncoder
     with pytest.raises(FileNotFoundError, match="flan-t5-xl"):
