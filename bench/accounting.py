@@ -112,6 +112,22 @@ def t2i_decode_flops(gen) -> int:
     return int(fc.get_total_flops())
 
 
+def model_cost(gen, sampling: dict) -> dict:
+    """A run record's model costs: params, tokenizer_params, flops and flops_no_cfg per image (and, for
+    text-to-image generators, text_encoder_params and the prompt length of the FLOP count: ``TEXT_TOKENS``
+    or the model's longest prompt if shorter)."""
+    from bench.models.t2i import T2IGenerator
+    if isinstance(gen, T2IGenerator):
+        T = min(TEXT_TOKENS, gen.infinity.cfg.text_maxlen)
+        text = gen.text_encoder
+        return {"params": count_params(gen.infinity), "tokenizer_params": count_params(gen.vae),
+                "text_encoder_params": None if text is None else count_params(text), "text_tokens": T,
+                "flops": t2i_sampling_flops(gen, T, cfg=sampling.get("cfg")),
+                "flops_no_cfg": t2i_sampling_flops(gen, T, cfg=None)}
+    return {"params": count_params(gen.var), "tokenizer_params": count_params(gen.vae),
+            "flops": sampling_flops(gen, **sampling), "flops_no_cfg": sampling_flops(gen, **{**sampling, "cfg": None})}
+
+
 def t2i_info(gen, card, text_tokens: int = TEXT_TOKENS) -> dict:
     """``varbench info --json`` of a text-to-image model (same contract keys as ``info``)."""
     from bench.models.text import t5_encoder_params

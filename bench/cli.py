@@ -465,6 +465,62 @@ def _cmd_leaderboard(args) -> int:
     return 0
 
 
+def _geneval_print(metrics: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(metrics, indent=1))
+        return
+    for k, v in metrics.items():
+        print(f"{k:28s} {v:.4f}")
+
+
+def _geneval_bench(name: str):
+    from bench.registry import BENCHES
+    cls = BENCHES.get(name)
+    if not hasattr(cls, "rows"):
+        fits = [b for b in BENCHES.names() if hasattr(BENCHES.get(b), "rows")]
+        raise ValueError(f"--bench {name} is not a GenEval bench; GenEval benches: {', '.join(fits)}")
+    return cls()
+
+
+def _cmd_geneval_import(args) -> int:
+    from bench.metrics.geneval import read_results, summary
+    _geneval_print(summary(read_results(args.results_jsonl)), args.json)
+    return 0
+
+
+def _cmd_geneval_score(args) -> int:
+    from bench.benches.geneval import score_folder
+    from bench.metrics.geneval import summary
+    bench = _geneval_bench(args.bench)
+    bad = [o for o in args.options if "=" not in o]
+    if bad:
+        raise ValueError(f"--options {' '.join(bad)}: give KEY=VALUE, e.g. --options threshold=0.3")
+    opts = dict(o.split("=", 1) for o in args.options)
+    df = score_folder(args.folder, bench.detector(), options=opts, progress=not args.quiet)
+    if args.out:
+        from bench.io import atomic_write_text
+        atomic_write_text(args.out, df.to_json(orient="records", lines=True))
+    _geneval_print(summary(df), args.json)
+    return 0
+
+
+def _cmd_geneval_generate(args) -> int:
+    from bench.benches.geneval import IMAGES_PER_PROMPT, generate_folder
+    from bench.registry import MODELS
+    bench = _geneval_bench(args.bench)
+    card = MODELS.get(args.model or bench.model)
+    if getattr(card, "kind", "c2i") != "t2i":
+        raise ValueError(f"--model {card.name} is not a text-to-image model with a text encoder (tiny-t2i, infinity-2b)")
+    sampling = dict(card.sampling)
+    sampling.update(_sampling_overrides(args))
+    rows = bench.rows()
+    gen = card(args.ckpt_dir, device=_device(args, card.world)).eval()
+    done = generate_folder(gen, rows, args.out, args.seed, sampling, IMAGES_PER_PROMPT, progress=not args.quiet)
+    print(f"{args.out}: {done} prompt(s) generated now, {len(rows) - done} already there; "
+          f"score it with `varbench geneval score {args.out} --bench {bench.name}`")
+    return 0
+
+
 def _cmd_runs(args) -> int:
     import pandas as pd
 
@@ -747,6 +803,39 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="print the listing as JSON records")
     results(sp)
     sp.set_defaults(func=_cmd_runs)
+
+    sp = sub.add_parser("geneval", help="GenEval image folders: generate (resumable), score, or import the "
+                        "official evaluator's results.jsonl",
+                        description="GenEval's official folder layout (<index>/metadata.jsonl, samples/NNNN.png) and "
+                                    "scoring rules. `varbench run --bench shapes-geneval` does all three in one record; "
+                                    "these commands work on folders, e.g. to score with the official evaluator.")
+    gsub = sp.add_subparsers(dest="action", required=True, metavar="ACTION")
+    g = gsub.add_parser("generate", help="sample 4 images per prompt of a GenEval bench into a folder (skips "
+                        "prompts already complete)")
+    g.add_argument("out", help="image folder")
+    g.add_argument("--bench", default="shapes-geneval", help="shapes-geneval (default) or geneval")
+    g.add_argument("--model", default=None, help="default: the bench's model (tiny-t2i, infinity-2b)")
+    g.add_argument("--seed", type=_seed, default=0, help="prompt i is seeded with seed·1000003 + i")
+    g.add_argument("--ckpt-dir", default=None, help="checkpoint folder (paper world)")
+    g.add_argument("--device", default=None, help="cpu or cuda")
+    g.add_argument("--quiet", action="store_true")
+    sampling_flags(g)
+    g.set_defaults(func=_cmd_geneval_generate)
+    g = gsub.add_parser("score", help="score an image folder with a bench's detector; print the scores")
+    g.add_argument("folder", help="image folder in GenEval's layout")
+    g.add_argument("--bench", default="shapes-geneval", help="whose detector: shapes-geneval (exact shapes "
+                   "detector, default) or geneval (Mask2Former + CLIP; needs mmdet)")
+    g.add_argument("--options", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="the official evaluator's options: threshold, counting_threshold, max_objects, "
+                        "max_overlap, position_threshold")
+    g.add_argument("--out", default=None, help="also write the per-image results (official results.jsonl format)")
+    g.add_argument("--json", action="store_true")
+    g.add_argument("--quiet", action="store_true")
+    g.set_defaults(func=_cmd_geneval_score)
+    g = gsub.add_parser("import", help="scores of the official evaluator's results.jsonl (per task, overall)")
+    g.add_argument("results_jsonl", help="output of geneval's evaluation/evaluate_images.py")
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(func=_cmd_geneval_import)
 
     sp = sub.add_parser("train-tiny", help="retrain the tiny world's models from scratch (make tiny-models)",
                         add_help=False)

@@ -423,7 +423,8 @@ def record_paths(root: str | os.PathLike | None = None, world: Optional[str] = N
 # chain, method versions and sampling (no checkpoint, bench, n or seed), and holds only ``cost``.
 # A table cell uses it for weight-free columns only when its run record is missing (footnoted).
 
-WEIGHT_FREE_METRICS = ("params", "tokenizer_params", "flops", "flops_no_cfg", "package_ops")
+WEIGHT_FREE_METRICS = ("params", "tokenizer_params", "text_encoder_params", "text_tokens", "flops", "flops_no_cfg",
+                       "package_ops")
 ACCOUNTING_KIND = "weight-free accounting"
 
 

@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from bench import shard
-from bench.accounting import count_params, sampling_flops
+from bench.accounting import model_cost
 from bench.io import check_writable_dir
 from bench.method import Context, apply_chain, split_for_ranks
 from bench.records import SCHEMA_VERSION, RecordError, RunSpec, find_record, make_record, write_record
@@ -138,9 +138,7 @@ def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: 
     timings["metrics_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t0
 
-    cost = {"params": count_params(gen.var), "tokenizer_params": count_params(gen.vae),
-            "flops": sampling_flops(gen, **spec.sampling),
-            "flops_no_cfg": sampling_flops(gen, **{**spec.sampling, "cfg": None}),
+    cost = {**model_cost(gen, spec.sampling),
             "images_per_s": spec.n / timings["sample_s"], "sample_batch": bench.batch_size,
             "latency_ms_per_image": 1000 * timings["sample_s"] / spec.n, "device": device}
     cost = {k: v for k, v in {**cost, **shard_cost}.items() if v is not None}
@@ -213,9 +211,7 @@ def account(spec: RunSpec, root=None) -> Dict:
     from bench.records import accounting_path, write_accounting
     gen = MODELS.get(spec.model).build(device="meta")
     gen = apply_chain(gen, spec.methods, Context(world=spec.world, seed=spec.seed, progress=False))
-    cost = {"params": count_params(gen.var), "tokenizer_params": count_params(gen.vae),
-            "flops": sampling_flops(gen, **spec.sampling),
-            "flops_no_cfg": sampling_flops(gen, **{**spec.sampling, "cfg": None})}
+    cost = {k: v for k, v in model_cost(gen, spec.sampling).items() if v is not None}
     if spec.bench == "latency" and (spec.protocol or {}).get("device") == "coreml":
         cost["package_ops"] = package_ops(spec, gen.var.cfg)
     write_accounting(root, spec, cost)

@@ -1,20 +1,22 @@
 """The shipped tiny world is pinned by its manifest: every listed checkpoint is present with the
-recorded size and sha256, was trained by the recipes in ``bench/recipes/tiny.py`` (thread count
-included) and meets the quality bars of ``bench/recipes/tiny_quality.py``; the folder stays within
-30 MB of checkpoints. (tiny-t2i is not shipped yet: its recipe, ``bench/recipes/tiny_t2i.py``, has not
-reached its quality bars.)"""
+recorded size and sha256, was trained by the recipes in ``bench/recipes/tiny.py`` and
+``bench/recipes/tiny_t2i.py`` (thread count included); the class-conditional models meet the quality
+bars of ``bench/recipes/tiny_quality.py``; tiny-t2i's quality is recorded on the full eval protocol
+against ``tiny_t2i.BARS`` (it meets two of its four bars: the README and the recipe say which); the
+folder stays within 30 MB of checkpoints."""
 import json
 
 import pytest
 
 from bench.checkpoint import sha256
 from bench.data import tinyshapes
-from bench.recipes import tiny, tiny_quality
+from bench.recipes import tiny, tiny_quality, tiny_t2i
 from bench.tiny.assets import ASSETS
 
 BARS = tiny_quality.BARS
-MODELS = ("tiny-vqvae", "feature-cnn", "tiny-var")
-RECIPES = {"tiny-vqvae": tiny.VAE_RECIPE, "feature-cnn": tiny.CNN_RECIPE, "tiny-var": tiny.VAR_RECIPE}
+MODELS = ("tiny-vqvae", "feature-cnn", "tiny-var", "tiny-bsq", "tiny-t2i", "tiny-t2i-text")
+RECIPES = {"tiny-vqvae": tiny.VAE_RECIPE, "feature-cnn": tiny.CNN_RECIPE, "tiny-var": tiny.VAR_RECIPE,
+           "tiny-bsq": tiny_t2i.BSQ_RECIPE, "tiny-t2i": tiny_t2i.T2I_RECIPE, "tiny-t2i-text": tiny_t2i.T2I_RECIPE}
 BUDGET_BYTES = 30 * 2 ** 20
 
 
@@ -68,17 +70,36 @@ def test_quality_bars(manifest):
     assert q["n"] >= 50 * tinyshapes.NUM_CLASSES, "tiny-var quality was measured on fewer samples than the protocol"
 
 
+def test_tiny_t2i_quality_is_recorded_on_the_eval_protocol(manifest):
+    """Not a bar check (two bars are not met yet): the figures are there, measured on the full protocol
+    with the recipe's bars and the card's sampling, and the met flags agree with them."""
+    from bench.registry import MODELS as CARDS
+    q = manifest["models"]["tiny-t2i"]["quality"]
+    assert q["bars"] == tiny_t2i.BARS and q["per_task"] >= tiny_t2i.EVAL["per_task"]
+    assert q["sampling"] == CARDS.get("tiny-t2i").sampling
+    for task, bar in tiny_t2i.BARS.items():
+        assert 0 <= q[task] <= 1 and q["met"][task] == (q[task] >= bar), task
+    assert manifest["models"]["tiny-bsq"]["quality"]["val_psnr_db"] >= 28.0
+    assert len(manifest["models"]["tiny-t2i"]["quality_curve"]) == \
+        tiny_t2i.T2I_RECIPE["steps"] // tiny_t2i.T2I_RECIPE["eval_every"]
+
+
 def test_tiny_world_fits_its_budget():
     total = sum(p.stat().st_size for p in ASSETS.glob("*.safetensors"))
     assert total <= BUDGET_BYTES, f"assets/tiny holds {total / 2**20:.1f} MB of checkpoints (budget 30 MB)"
 
 
 def test_every_shipped_model_records_its_threads_and_simd_level(manifest):
-    """What retraining needs to reproduce a file bit for bit: the thread count and the SIMD level
-    (every tiny-world file, and the tiny-var quality figures, were made pinned to AVX2)."""
+    """What retraining needs to reproduce a file bit for bit: the thread count and the SIMD level.
+    The class-conditional files (and the tiny-var quality figures) were made pinned to AVX2; the
+    text-to-image files unpinned (the AVX2 pin does not fit the recipe's 2-hour budget: the recipe's
+    docstring), with the level they were trained on recorded."""
     for name, e in manifest["models"].items():
         assert isinstance(e["threads"], int) and e["threads"] >= 1, name
-        assert e["isa"] == "avx2" and e["cpu_capability"] == "AVX2", f"{name}: not trained pinned to AVX2"
+        if name in ("tiny-bsq", "tiny-t2i", "tiny-t2i-text"):
+            assert e["isa"] is None and e["cpu_capability"], f"{name}: its SIMD level is not recorded"
+        else:
+            assert e["isa"] == "avx2" and e["cpu_capability"] == "AVX2", f"{name}: not trained pinned to AVX2"
     q = manifest["models"]["tiny-var"]["quality"]
     assert q["isa"] == "avx2" and q["cpu_capability"] == "AVX2", "tiny-var quality not measured pinned to AVX2"
 

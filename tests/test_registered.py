@@ -62,8 +62,9 @@ def test_method_identity_setting_changes_nothing(name, small_gen):
     assert [gen.var.cfg.block_heads(i) for i in range(sizes.depth)] == [sizes.block_heads(i) for i in range(sizes.depth)]
 
 
-@pytest.mark.parametrize("name", [n for n in BENCHES.names() if BENCHES.get(n).kind == "images"])
-def test_bench_protocol(name):
+@pytest.mark.parametrize("name", [n for n in BENCHES.names()
+                                  if BENCHES.get(n).kind == "images" and BENCHES.get(n).conditions == "classes"])
+def test_bench_protocol(name):   # prompt-conditioned benches: tests/test_geneval.py
     cls = BENCHES.get(name)
     b = cls()
     assert b.world in ("tiny", "paper") and b.model in MODELS and MODELS.get(b.model).world == b.world

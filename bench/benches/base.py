@@ -22,6 +22,7 @@ class Bench:
     name: str = ""
     kind: str = "images"            # "images": sample and score images; "timing": the latency bench
     world: str = ""
+    conditions: str = "classes"     # "classes": labels(n) is a class tensor; "prompts": a list of prompts
     model: str = ""                 # the model this bench is run with by default
     num_classes: int = 0
     default_n: int = 0

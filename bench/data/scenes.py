@@ -55,7 +55,7 @@ import itertools
 import math
 import random
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -207,13 +207,17 @@ def sample_spec(task: str, rng: random.Random) -> SceneSpec:
     return SceneSpec(task, (a, b), _pick(rng, RELATIONS) if task == "position" else None)
 
 
-def eval_prompts(task: str, n: int, seed: int = 0) -> Tuple[List[str], List[SceneSpec]]:
+def eval_prompts(task: str, n: int, seed: int = 0,
+                 where: Optional[Callable[[SceneSpec], bool]] = None) -> Tuple[List[str], List[SceneSpec]]:
     """``n`` prompts and specs of one task for quality bars, deterministic in (task, n, seed): the
-    task's distinct specs (``all_specs``) in a seeded random order, reshuffled each time the list
-    wraps, so any n covers the distinct specs as evenly as possible and is prefix-stable."""
+    task's distinct specs (``all_specs``, only those ``where`` accepts) in a seeded random order,
+    reshuffled each time the list wraps, so any n covers the distinct specs as evenly as possible and
+    is prefix-stable."""
     if n < 0:
         raise ValueError(f"n must be ≥ 0, got {n}")
-    specs = all_specs(task)
+    specs = [s for s in all_specs(task) if where is None or where(s)]
+    if not specs and n:
+        raise ValueError(f"no {task} spec passes the filter")
     rng = random.Random((int(seed) << 8) | TASKS.index(task))
     out: List[SceneSpec] = []
     while len(out) < n:

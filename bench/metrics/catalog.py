@@ -58,9 +58,18 @@ for _m in (
                "fraction of samples the world's classifier assigns to their conditioning class"),
     MetricInfo("clip_score", "CLIP score", "higher", "{:.2f}", "100 · cosine(CLIP image, CLIP text), mean over samples"),
     MetricInfo("geneval", "GenEval", "higher", "{:.2f}", "GenEval overall score (mean over the six task types)"),
+    *(MetricInfo(f"geneval_{t}", h, "higher", "{:.2f}", f"GenEval {t} accuracy: fraction of its images judged correct")
+      for t, h in (("single_object", "Single obj."), ("two_object", "Two obj."), ("counting", "Counting"),
+                   ("colors", "Colors"), ("position", "Position"), ("color_attr", "Color attr."))),
+    MetricInfo("geneval_images", "Correct images", "higher", "{:.3f}", "GenEval: fraction of all images judged correct"),
+    MetricInfo("geneval_prompts", "Correct prompts", "higher", "{:.3f}",
+               "GenEval: fraction of prompts with at least one image judged correct"),
     # costs (in a record's ``cost`` block)
     MetricInfo("params", "Params", None, "{:,.0f}", "learnable parameters of the generator transformer"),
     MetricInfo("tokenizer_params", "Tokenizer params", None, "{:,.0f}", "learnable parameters of the tokenizer"),
+    MetricInfo("text_encoder_params", "Text encoder params", None, "{:,.0f}",
+               "learnable parameters of the text encoder (text-to-image models)"),
+    MetricInfo("text_tokens", "Text tokens", None, "{:.0f}", "prompt length (text-encoder tokens) of the FLOP count"),
     MetricInfo("flops", "FLOPs", None, "{:.3g}", "transformer FLOPs to sample one image, CFG doubling included"),
     MetricInfo("flops_no_cfg", "FLOPs (no CFG)", None, "{:.3g}", "transformer FLOPs to sample one image without CFG"),
     MetricInfo("latency_ms", "Latency (ms)", "lower", "{:.1f}",

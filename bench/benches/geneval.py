@@ -1,0 +1,304 @@
+"""GenEval: compositional text-to-image prompts scored by an object detector (djghosh13/geneval).
+
+``geneval`` (paper world): the official ``evaluation_metadata.jsonl`` (553 prompts over six tasks,
+shipped in ``datasets/geneval/`` with its MIT licence), 4 images per prompt, each prompt's images one
+batch seeded by the prompt's index (the official ``seed_everything`` before each prompt), scored by
+the official rules (``bench.metrics.geneval``) over Mask2Former detections and CLIP colours
+(``bench.metrics.geneval_detectors``). ``shapes-geneval`` (tiny world): the same six tasks over the
+shapes-scenes vocabulary, the same rules, the exact rule-based detector.
+
+shapes-geneval prompts (``shapes_metadata``): ``SHAPES_PER_TAG`` prompts per task from the
+shapes-scenes grammar (``scenes.eval_prompts``: every distinct spec of the task in a seeded order), as
+GenEval metadata whose class is the shape and colour one of the scene colours: single_object checks
+the shape only (the grammar names a colour, GenEval's single_object does not check one); colors and
+color_attr check colours; two_object and position use two *different* shapes (GenEval's clauses are
+per class, so two objects of one shape would satisfy both clauses at once); counting excludes N+1;
+position "A <relation> B" is ``[{B}, {A, position: [relation, 0]}]`` as GenEval writes it.
+
+Folder layout (``write_prompt`` / ``scan_folder``): the official one, ``<index:05d>/metadata.jsonl``
+(one JSON object) and ``<index:05d>/samples/<n:04d>.png`` (``.jpg`` read too, as the Infinity and
+FastVAR forks); ``generate_folder`` writes a prompt's samples before its metadata and skips prompts
+already complete, so a stopped run resumes where it stopped; scoring a folder with a prompt's image
+missing is an error naming the file.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from bench.benches.base import Bench
+from bench.registry import BENCHES
+
+IMAGES_PER_PROMPT = 4
+SHAPES_PER_TAG = 40
+SAMPLE_RE = re.compile(r"^(\d+)\.(png|jpg)$")
+
+
+# ---------------------------------------------------------------------------------------- prompts
+def _shapes_row(spec) -> dict:
+    """GenEval metadata of a shapes-scenes spec (see the module docstring)."""
+    o, tag = spec.objects, spec.task
+    if tag == "single_object":
+        inc = [{"class": o[0].shape, "count": 1}]
+    elif tag == "colors":
+        inc = [{"class": o[0].shape, "count": 1, "color": o[0].colour}]
+    elif tag == "counting":
+        return {"tag": tag, "include": [{"class": o[0].shape, "count": len(o)}],
+                "exclude": [{"class": o[0].shape, "count": len(o) + 1}], "prompt": spec.prompt}
+    elif tag == "two_object":
+        inc = [{"class": o[0].shape, "count": 1}, {"class": o[1].shape, "count": 1}]
+    elif tag == "color_attr":
+        inc = [{"class": x.shape, "count": 1, "color": x.colour} for x in o]
+    else:   # position: "o0 <relation> o1" → the reference o1 first, as GenEval's metadata
+        inc = [{"class": o[1].shape, "count": 1}, {"class": o[0].shape, "count": 1, "position": [spec.relation, 0]}]
+    return {"tag": tag, "include": inc, "prompt": spec.prompt}
+
+
+def shapes_metadata(per_tag: int = SHAPES_PER_TAG, seed: int = 0) -> List[dict]:
+    """shapes-geneval's prompts as GenEval metadata rows, tag by tag in GenEval's order."""
+    from bench.data import scenes
+    from bench.metrics.geneval import TAGS
+
+    def usable(spec) -> bool:
+        return spec.task not in ("two_object", "position") or spec.objects[0].shape != spec.objects[1].shape
+
+    return [_shapes_row(s) for tag in TAGS for s in scenes.eval_prompts(tag, per_tag, seed=seed, where=usable)[1]]
+
+
+def official_metadata() -> List[dict]:
+    """The 553 prompts of GenEval's ``evaluation_metadata.jsonl`` (shipped in datasets/geneval/)."""
+    from bench.metrics.geneval import read_metadata
+    from bench.resources import resource_dir
+    return read_metadata(resource_dir("datasets") / "geneval" / "evaluation_metadata.jsonl")
+
+
+# ---------------------------------------------------------------------------------------- folders
+def prompt_dir(folder, index: int) -> Path:
+    return Path(folder) / f"{index:05d}"
+
+
+def write_prompt(folder, index: int, row: dict, images_uint8) -> None:
+    """One prompt's samples (uint8 [k, 3, H, W]) as ``samples/NNNN.png``, then its ``metadata.jsonl``."""
+    from PIL import Image
+
+    from bench.io import atomic_write_text
+    d = prompt_dir(folder, index)
+    (d / "samples").mkdir(parents=True, exist_ok=True)
+    for n, img in enumerate(images_uint8):
+        tmp = d / "samples" / f".{n:04d}.png.tmp"
+        Image.fromarray(img.permute(1, 2, 0).cpu().numpy()).save(tmp, format="PNG")
+        tmp.replace(d / "samples" / f"{n:04d}.png")
+    atomic_write_text(d / "metadata.jsonl", json.dumps(row) + "\n")
+
+
+def _samples(d: Path) -> Dict[int, Path]:
+    out = {}
+    if (d / "samples").is_dir():
+        for p in (d / "samples").iterdir():
+            m = SAMPLE_RE.match(p.name)
+            if m and p.is_file():
+                out[int(m.group(1))] = p
+    return out
+
+
+def prompt_complete(folder, index: int, row: dict, n: int) -> bool:
+    d = prompt_dir(folder, index)
+    meta = d / "metadata.jsonl"
+    if not meta.is_file():
+        return False
+    if json.loads(meta.read_text(encoding="utf-8")) != row:
+        raise ValueError(f"{meta} holds another prompt than prompt {index} of this run ({row['prompt']!r}); "
+                         f"use an empty folder for each prompt set")
+    return all(k in _samples(d) for k in range(n))
+
+
+def scan_folder(folder, rows: Optional[Sequence[dict]] = None, n: Optional[int] = None):
+    """[(index, metadata, [sample paths in order])] of a GenEval image folder (numeric subfolders). With
+    ``rows`` (and ``n`` images per prompt) every prompt must be there with its images: a missing
+    folder, metadata file or image is an error naming it."""
+    from bench.metrics.geneval import check_metadata
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"GenEval image folder {folder} not found")
+    found = {}
+    for d in sorted(folder.iterdir()):
+        if d.is_dir() and d.name.isdigit():
+            meta = d / "metadata.jsonl"
+            if not meta.is_file():
+                raise FileNotFoundError(f"{meta} is missing (every prompt folder holds its metadata.jsonl)")
+            row = check_metadata(json.loads(meta.read_text(encoding="utf-8")), str(meta))
+            found[int(d.name)] = (row, [p for _, p in sorted(_samples(d).items())])
+    if rows is None:
+        if not found:
+            raise FileNotFoundError(f"GenEval image folder {folder} holds no prompt folder (<index>/metadata.jsonl "
+                                    f"and <index>/samples/NNNN.png)")
+        return [(i, r, ps) for i, (r, ps) in sorted(found.items())]
+    missing = []
+    for i in range(len(rows)):
+        if i not in found:
+            missing.append(str(prompt_dir(folder, i)))
+            continue
+        have = _samples(prompt_dir(folder, i))
+        missing += [str(prompt_dir(folder, i) / "samples" / f"{k:04d}.png") for k in range(n or 1) if k not in have]
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise FileNotFoundError(f"GenEval folder {folder} is incomplete: missing {', '.join(missing[:5])}{more}; "
+                                f"generate them again (generation resumes where it stopped)")
+    return [(i, found[i][0], found[i][1][:n]) for i in range(len(rows))]
+
+
+def generate_folder(gen, rows: Sequence[dict], folder, seed: int, sampling: dict, n: int = IMAGES_PER_PROMPT,
+                    progress: bool = True) -> int:
+    """Sample ``n`` images of every prompt into ``folder`` (prompt i: one batch, seed ``Bench.batch_seed(seed,
+    i)``), skipping prompts already complete. Returns the number of prompts generated now."""
+    from tqdm.auto import tqdm
+    todo = [i for i, r in enumerate(rows) if not prompt_complete(folder, i, r, n)]
+    for i in tqdm(todo, desc="geneval samples", disable=not progress):
+        imgs = gen.generate([rows[i]["prompt"]] * n, seed=Bench.batch_seed(seed, i), **sampling)
+        write_prompt(folder, i, rows[i], imgs.cpu())
+    return len(todo)
+
+
+# ---------------------------------------------------------------------------------------- scoring
+def score_images(detector, images, rows: Sequence[dict], filenames: Sequence[str], options=None,
+                 progress: bool = False):
+    """The official results frame (filename, tag, prompt, correct, reason, metadata, details) of images
+    (uint8 numpy [H, W, 3] each) with their metadata rows."""
+    import numpy as np
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    from bench.metrics.geneval import DEFAULTS, _options, evaluate, keep_detections
+    opts = _options(options)
+    out = []
+    for img, row, name in tqdm(list(zip(images, rows, filenames)), desc="geneval score", disable=not progress):
+        img = np.asarray(img)
+        boxes, masks = detector.detect(img)
+        objects = keep_detections(boxes, masks, row["tag"], opts)
+        ok, reason = evaluate(objects, row, lambda objs, cls, img=img: detector.colours(img, objs, cls),
+                              opts.get("position_threshold", DEFAULTS["position_threshold"]))
+        out.append({"filename": name, "tag": row["tag"], "prompt": row["prompt"], "correct": bool(ok),
+                    "reason": reason, "metadata": json.dumps(row),
+                    "details": json.dumps({k: [b.tolist() for b, _ in v] for k, v in objects.items()})})
+    return pd.DataFrame(out)
+
+
+def score_folder(folder, detector, rows: Optional[Sequence[dict]] = None, n: Optional[int] = None, options=None,
+                 progress: bool = True):
+    """``score_images`` over a GenEval folder (see ``scan_folder`` for ``rows`` and ``n``)."""
+    import numpy as np
+    from PIL import Image, ImageOps
+    items = [(row, p) for _, row, paths in scan_folder(folder, rows, n) for p in paths]
+
+    def load(p):
+        return np.asarray(ImageOps.exif_transpose(Image.open(p)).convert("RGB"))
+    return score_images(detector, (load(p) for _, p in items), [r for r, _ in items], [str(p) for _, p in items],
+                        options, progress)
+
+
+def metrics_of(results) -> Dict[str, dict]:
+    """Record metrics of a results frame: ``geneval`` (overall) and ``geneval_<tag>`` with binomial
+    standard errors (the overall's: of the mean of the task means), plus the image and prompt rates."""
+    import numpy as np
+
+    from bench.metrics.geneval import summary
+    s = summary(results)
+    out = {}
+    sizes = results.groupby("tag", sort=False)["correct"].size()
+    for tag, k in sizes.items():
+        p = s[f"geneval_{tag}"]
+        out[f"geneval_{tag}"] = {"value": p, "stderr": float(np.sqrt(p * (1 - p) / k)), "n": int(k),
+                                 "higher_is_better": True, "error": "binomial standard error over images"}
+    var = sum(out[f"geneval_{t}"]["stderr"] ** 2 for t in sizes.index) / len(sizes) ** 2
+    out["geneval"] = {"value": s["geneval"], "stderr": float(np.sqrt(var)), "n": int(len(results)),
+                      "higher_is_better": True, "error": "standard error of the mean of the task accuracies"}
+    for k in ("geneval_images", "geneval_prompts"):
+        out[k] = {"value": s[k], "n": int(len(results)), "higher_is_better": True}
+    return out
+
+
+# ---------------------------------------------------------------------------------------- benches
+class _GenEvalBench(Bench):
+    """Conditions are prompts: ``labels(n)`` is the prompt list, each prompt ``IMAGES_PER_PROMPT`` times
+    (one sampling batch per prompt, seeded by its index)."""
+
+    kind = "images"
+    conditions = "prompts"
+    batch_size = IMAGES_PER_PROMPT
+    metrics = ("geneval", *(f"geneval_{t}" for t in ("single_object", "two_object", "counting", "colors", "position",
+                                                      "color_attr")), "geneval_images", "geneval_prompts")
+
+    def rows(self) -> List[dict]:
+        raise NotImplementedError
+
+    @classmethod
+    def check_n(cls, n) -> int:
+        full = cls.default_n             # every prompt (a test checks it against rows())
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0 or n % IMAGES_PER_PROMPT or n > full:
+            raise ValueError(f"--n {n!r}: {cls.name} takes {IMAGES_PER_PROMPT} images per prompt, a positive multiple "
+                             f"of {IMAGES_PER_PROMPT} up to {full} (all {full // IMAGES_PER_PROMPT} prompts, the default)")
+        return n
+
+    def labels(self, n: int) -> List[str]:   # type: ignore[override]
+        self.check_n(n)
+        return [r["prompt"] for r in self.rows()[:n // IMAGES_PER_PROMPT] for _ in range(IMAGES_PER_PROMPT)]
+
+    def detector(self):
+        raise NotImplementedError
+
+    def evaluate(self, images_uint8, labels, seed=0, progress=True) -> Dict[str, dict]:
+        n = len(images_uint8)
+        rows = [r for r in self.rows()[:n // IMAGES_PER_PROMPT] for _ in range(IMAGES_PER_PROMPT)]
+        if [r["prompt"] for r in rows] != list(labels):
+            raise ValueError(f"{self.name}: the images' prompts are not this bench's prompts in order")
+        names = [f"{i // IMAGES_PER_PROMPT:05d}/samples/{i % IMAGES_PER_PROMPT:04d}.png" for i in range(n)]
+        imgs = (x.permute(1, 2, 0).numpy() for x in images_uint8)
+        return metrics_of(score_images(self.detector(), imgs, rows, names, progress=progress))
+
+
+@BENCHES.register("shapes-geneval")
+class ShapesGenEval(_GenEvalBench):
+    name, world, model = "shapes-geneval", "tiny", "tiny-t2i"
+    default_n = IMAGES_PER_PROMPT * 6 * SHAPES_PER_TAG
+    version = 1
+
+    def rows(self) -> List[dict]:
+        return shapes_metadata()
+
+    def detector(self):
+        from bench.metrics.geneval_detectors import ShapesDetector
+        return ShapesDetector()
+
+
+@BENCHES.register("geneval")
+class GenEval(_GenEvalBench):
+    name, world, model = "geneval", "paper", "infinity-2b"
+    default_n = IMAGES_PER_PROMPT * 553
+    version = 1
+
+    def __init__(self, model_path=None, clip_weights=None):
+        import os
+        self.model_path = model_path or os.environ.get("VARBENCH_GENEVAL_DETECTOR")
+        self.clip_weights = clip_weights or os.environ.get("VARBENCH_CLIP_WEIGHTS")
+
+    def rows(self) -> List[dict]:
+        return official_metadata()
+
+    def preflight(self) -> None:
+        missing = [v for v, x in (("VARBENCH_GENEVAL_DETECTOR", self.model_path),
+                                  ("VARBENCH_CLIP_WEIGHTS", self.clip_weights)) if not x]
+        if missing:
+            raise FileNotFoundError(
+                f"geneval needs its detector and CLIP weights: set {' and '.join(missing)} (the folder holding "
+                f"mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco.pth; OpenAI's ViT-L-14 weights file). Or generate "
+                f"the folder with `varbench geneval generate`, score it with the official evaluator and "
+                f"`varbench geneval import results.jsonl`")
+
+    def detector(self):
+        from bench.metrics.geneval_detectors import Mask2FormerDetector
+        from bench.resources import resource_dir
+        self.preflight()
+        names = (resource_dir("datasets") / "geneval" / "object_names.txt").read_text(encoding="utf-8").split("\n")
+        return Mask2FormerDetector(self.model_path, self.clip_weights, [c.strip() for c in names if c.strip()])

@@ -1,0 +1,71 @@
+"""Fidelity to the original model: metrics of image *pairs* (a method's output and the unmodified
+model's output for the same prompt index and seed), as ScaleKV and DistriFusion report them.
+
+- ``psnr``: per image, 10·log10(1 / MSE) on [0, 1] images, the MSE over channels and pixels
+  (torchmetrics ``PeakSignalNoiseRatio(data_range=(0, 1), dim=(1, 2, 3))``, per image, then the mean).
+  Identical images have an infinite PSNR; here the MSE is floored at 1e-10, so an identical pair
+  scores exactly ``PSNR_CAP`` = 100 dB and a mean over pairs stays finite.
+- ``ssim``: per image, the mean SSIM map (torchmetrics ``StructuralSimilarityIndexMeasure`` defaults:
+  Gaussian window 11×11, σ 1.5, k1 0.01, k2 0.03, data range 1) over the windows that lie inside the
+  image, averaged over channels.
+- ``fid_star``: FID between the two image sets' features (the world's extractor): 0 up to the
+  round-off of the matrix square root (~1e-6) when the method changes nothing. Pairs do not matter to it; they matter to PSNR and SSIM.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+PSNR_CAP = 100.0          # dB: an identical pair (MSE floored at 1e-10)
+SSIM_WINDOW, SSIM_SIGMA, SSIM_K1, SSIM_K2 = 11, 1.5, 0.01, 0.03
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, C, H, W] (0–255) or float in [0, 1] → float64 in [0, 1]."""
+    if x.dim() != 4:
+        raise ValueError(f"expected images [N, C, H, W], got shape {tuple(x.shape)}")
+    return x.double() / 255.0 if x.dtype == torch.uint8 else x.double()
+
+
+def _check_pairs(a: torch.Tensor, b: torch.Tensor) -> None:
+    if a.shape != b.shape:
+        raise ValueError(f"image pairs must have the same shape: {tuple(a.shape)} vs {tuple(b.shape)}")
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """PSNR (dB) of each pair [N] (see the module docstring for the cap)."""
+    _check_pairs(a, b)
+    mse = (_unit(a) - _unit(b)).pow(2).flatten(1).mean(1)
+    return 10 * torch.log10(1.0 / mse.clamp_min(1e-10))
+
+
+def _gauss(window: int, sigma: float) -> torch.Tensor:
+    d = torch.arange((1 - window) / 2, (1 + window) / 2, 1.0, dtype=torch.float64)
+    g = torch.exp(-(d / sigma) ** 2 / 2)
+    return g / g.sum()
+
+
+def ssim(a: torch.Tensor, b: torch.Tensor, window: int = SSIM_WINDOW, sigma: float = SSIM_SIGMA) -> torch.Tensor:
+    """Mean SSIM of each pair [N] (see the module docstring)."""
+    _check_pairs(a, b)
+    x, y = _unit(a), _unit(b)
+    N, C, H, W = x.shape
+    if min(H, W) < window:
+        raise ValueError(f"SSIM needs images of at least {window}×{window} pixels, got {H}×{W}")
+    g = _gauss(window, sigma)
+    k = (g[:, None] * g[None, :]).expand(C, 1, window, window).contiguous()
+
+    def blur(t):
+        return F.conv2d(t, k, groups=C)     # valid windows only
+
+    mx, my = blur(x), blur(y)
+    vx, vy, cxy = blur(x * x) - mx ** 2, blur(y * y) - my ** 2, blur(x * y) - mx * my
+    c1, c2 = SSIM_K1 ** 2, SSIM_K2 ** 2
+    s = ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx ** 2 + my ** 2 + c1) * (vx + vy + c2))
+    return s.flatten(1).mean(1)
+
+
+def fid_star(feats_method, feats_original) -> float:
+    """FID between the method's and the original model's output features (any extractor's)."""
+    from bench.metrics.fidelity import fid_from_features
+    return fid_from_features(feats_method, feats_original)

@@ -1,0 +1,308 @@
+"""GenEval: the scoring rules against the official evaluator, hand-computed verdicts for every task,
+the shapes detector against the scene generator's ground truth, the folder layout."""
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from bench.benches import geneval as gb
+from bench.metrics import geneval as ge
+
+GOLDEN = Path(__file__).parent / "fixtures" / "official" / "geneval_golden.json"
+
+
+def _objects(dets, tag, options=None):
+    boxes = {c: np.array(b, dtype=np.float32).reshape(-1, 5) for c, b in dets.items()}   # mmdet gives float32
+    return ge.keep_detections(boxes, None, tag, options)
+
+
+def _norm(reason: str) -> str:
+    """The official joins a *set* of relations ("right of and below"): its order follows string hashing."""
+    return re.sub(r"found (.*?) target", lambda m: "found " + " and ".join(sorted(m.group(1).split(" and "))) + " target",
+                  reason)
+
+
+def test_matches_the_official_evaluator_on_900_seeded_cases():
+    gold = json.loads(GOLDEN.read_text())
+    assert len(gold["cases"]) == 900
+    tags = {c["metadata"]["tag"] for c in gold["cases"]}
+    assert tags == set(ge.TAGS)
+    assert {c["correct"] for c in gold["cases"] if c["metadata"]["tag"] == "counting"} == {True, False}
+    for i, case in enumerate(gold["cases"]):
+        m, opts = case["metadata"], case["options"]
+        objects = _objects(case["detections"], m["tag"], opts)
+
+        def colours(objs, cls, case=case):
+            return [case["colours"][f"{float(o[0][4]):.6f}"] for o in objs]
+        ok, reason = ge.evaluate(objects, m, colours, opts.get("position_threshold", 0.1))
+        assert ok == case["correct"], (i, m["prompt"], reason, case["reason"])
+        assert _norm(reason) == _norm(case["reason"]), i
+        assert {k: [b.tolist() for b, _ in v] for k, v in objects.items()} == case["details"], i
+
+
+def _box(x1, y1, x2, y2, score=0.99):
+    return [x1, y1, x2, y2, score]
+
+
+def _eval(meta, dets, colours=None):
+    objects = _objects(dets, meta["tag"])
+    col = None if colours is None else (lambda objs, cls: [colours[cls][j] for j in range(len(objs))])
+    return ge.evaluate(objects, meta, col)
+
+
+def test_single_and_two_object_need_every_class():
+    single = {"tag": "single_object", "include": [{"class": "bench", "count": 1}], "prompt": "a photo of a bench"}
+    assert _eval(single, {"bench": [_box(0, 0, 10, 10)]}) == (True, "")
+    assert _eval(single, {"bench": [_box(0, 0, 10, 10, 0.3)]}) == (False, "expected bench>=1, found 0")   # not > 0.3
+    two = {"tag": "two_object", "include": [{"class": "bench", "count": 1}, {"class": "dog", "count": 1}],
+           "prompt": "a photo of a bench and a dog"}
+    assert _eval(two, {"bench": [_box(0, 0, 10, 10)], "dog": [_box(20, 0, 30, 10)]}) == (True, "")
+    assert _eval(two, {"bench": [_box(0, 0, 10, 10)]}) == (False, "expected dog>=1, found 0")
+
+
+def test_counting_is_exact_only_through_the_exclude_clause_and_uses_the_0_9_threshold():
+    meta = {"tag": "counting", "include": [{"class": "clock", "count": 2}], "exclude": [{"class": "clock", "count": 3}],
+            "prompt": "a photo of two clocks"}
+    two = [_box(0, 0, 10, 10), _box(20, 0, 30, 10)]
+    assert _eval(meta, {"clock": two}) == (True, "")
+    assert _eval(meta, {"clock": two + [_box(40, 0, 50, 10)]}) == (False, "expected clock<3, found 3")
+    assert _eval(meta, {"clock": two + [_box(40, 0, 50, 10, 0.85)]}) == (True, "")     # 0.85 < 0.9: dropped
+    assert _eval(meta, {"clock": two[:1]}) == (False, "expected clock>=2, found 1")
+    # the same 0.85 box counts for a non-counting prompt (threshold 0.3)
+    kept = ge.keep_detections({"clock": np.array([_box(0, 0, 1, 1, 0.85)])}, None, "two_object")
+    assert len(kept["clock"]) == 1
+
+
+def test_colour_clauses_count_the_requested_colour_among_the_most_confident_objects():
+    meta = {"tag": "colors", "include": [{"class": "car", "count": 1, "color": "blue"}], "prompt": "a photo of a blue car"}
+    assert _eval(meta, {"car": [_box(0, 0, 10, 10)]}, {"car": ["blue"]}) == (True, "")
+    assert _eval(meta, {"car": [_box(0, 0, 10, 10)]}, {"car": ["red"]}) == \
+        (False, "expected blue car>=1, found 0 blue; and 1 red")
+    attr = {"tag": "color_attr", "include": [{"class": "car", "count": 1, "color": "red"},
+                                             {"class": "cup", "count": 1, "color": "green"}],
+            "prompt": "a photo of a red car and a green cup"}
+    dets = {"car": [_box(0, 0, 10, 10)], "cup": [_box(20, 0, 30, 10)]}
+    assert _eval(attr, dets, {"car": ["red"], "cup": ["green"]}) == (True, "")
+    assert _eval(attr, dets, {"car": ["red"], "cup": ["red"]}) == (False, "expected green cup>=1, found 0 green; and 1 red")
+    with pytest.raises(ValueError, match="colour classifier"):
+        _eval(meta, {"car": [_box(0, 0, 10, 10)]})
+
+
+def test_position_rule_and_its_margin():
+    b = (ge.np.array(_box(40, 0, 50, 10)), None)
+    # centres 65 vs 45, extents 10 + 10: |20| − 0.1·20 = 18, /20 = 0.9 > 0.5
+    assert ge.relative_position((np.array(_box(60, 0, 70, 10)), None), b) == {"right of"}
+    assert ge.relative_position((np.array(_box(20, 0, 30, 10)), None), b) == {"left of"}
+    # offset 1 px < the margin 0.1·(10 + 10) = 2: no relation at all
+    assert ge.relative_position((np.array(_box(41, 0, 51, 10)), None), b) == set()
+    # diagonal (10, 10): shrunk (8, 8) / 14.14 = 0.57 on both axes → two relations (image y grows down)
+    assert ge.relative_position((np.array(_box(50, 10, 60, 20)), None), b) == {"right of", "below"}
+    # with no margin the 1-px offset is a relation
+    assert ge.relative_position((np.array(_box(41, 0, 51, 10)), None), b, position_threshold=0.0) == {"right of"}
+    meta = {"tag": "position", "include": [{"class": "teddy bear", "count": 1},
+                                           {"class": "dog", "count": 1, "position": ["right of", 0]}],
+            "prompt": "a photo of a dog right of a teddy bear"}
+    bear = [_box(40, 0, 50, 10)]
+    assert _eval(meta, {"teddy bear": bear, "dog": [_box(60, 0, 70, 10)]}) == (True, "")
+    assert _eval(meta, {"teddy bear": bear, "dog": [_box(41, 0, 51, 10)]}) == \
+        (False, "expected dog right of target, found  target")
+    assert _eval(meta, {"dog": [_box(60, 0, 70, 10)]}) == \
+        (False, "expected teddy bear>=1, found 0\nno target for dog to be right of")
+    # a clause that already failed is not checked for position
+    assert _eval(meta, {}) == (False, "expected teddy bear>=1, found 0\nexpected dog>=1, found 0")
+    # the ±0.5 cut: offset (10, −6) → shrunk (8, −4)/11.66 = (0.69, −0.34): right of, not above
+    assert ge.relative_position((np.array(_box(50, -6, 60, 4)), None), b) == {"right of"}
+
+
+def test_keep_detections_sorts_caps_and_suppresses_only_below_overlap_one():
+    boxes = {"cat": np.array([_box(0, 0, 9, 9, s) for s in (0.5, 0.9, 0.7)] + [_box(100, 100, 109, 109, 0.6)],
+                             dtype=np.float32)}
+    kept = ge.keep_detections(boxes)
+    assert [round(float(b[4]), 2) for b, _ in kept["cat"]] == [0.9, 0.7, 0.6, 0.5]      # all kept: max_overlap 1
+    nms = ge.keep_detections(boxes, options={"max_overlap": 0.5})
+    assert [round(float(b[4]), 2) for b, _ in nms["cat"]] == [0.9, 0.6]
+    assert len(ge.keep_detections(boxes, options={"max_objects": 2})["cat"]) == 2
+    assert ge.iou(_box(0, 0, 9, 9), _box(0, 0, 9, 9)) == 1.0
+    assert ge.iou(_box(0, 0, 9, 9), _box(5, 0, 14, 9)) == pytest.approx(50 / 150)     # +1-pixel convention
+    with pytest.raises(ValueError, match="did you mean 'threshold'"):
+        ge.keep_detections(boxes, options={"treshold": 0.2})
+
+
+def test_summary_is_the_unweighted_mean_of_task_accuracies():
+    rows = [("single_object", True, "a"), ("single_object", True, "a"), ("single_object", False, "b"),
+            ("single_object", False, "b"), ("counting", False, "c"), ("counting", True, "c")]
+    df = pd.DataFrame([{"tag": t, "correct": c, "metadata": m} for t, c, m in rows])
+    s = ge.summary(df)
+    assert s["geneval_single_object"] == 0.5 and s["geneval_counting"] == 0.5
+    assert s["geneval"] == 0.5
+    assert s["geneval_images"] == pytest.approx(3 / 6)
+    assert s["geneval_prompts"] == pytest.approx(2 / 3)       # a and c have a correct image, b none
+    df2 = pd.DataFrame([{"tag": "single_object", "correct": True, "metadata": "a"}] * 9 +
+                       [{"tag": "counting", "correct": False, "metadata": "c"}])
+    assert ge.summary(df2)["geneval"] == 0.5                   # not 0.9: tasks weigh alike
+    m = gb.metrics_of(df2)
+    assert m["geneval"]["value"] == 0.5 and m["geneval_counting"]["n"] == 1
+
+
+def test_official_metadata_ships_and_validates():
+    rows = gb.official_metadata()
+    assert len(rows) == 553 == gb.GenEval.default_n // gb.IMAGES_PER_PROMPT
+    counts = pd.Series([r["tag"] for r in rows]).value_counts().to_dict()
+    assert counts == {"position": 100, "color_attr": 100, "two_object": 99, "colors": 94, "single_object": 80,
+                      "counting": 80}
+    with pytest.raises(ValueError, match="unknown tag 'colour'"):
+        ge.check_metadata({"tag": "colour", "include": [], "prompt": "x"})
+    with pytest.raises(ValueError, match="earlier include clause"):
+        ge.check_metadata({"tag": "position", "include": [{"class": "a", "count": 1, "position": ["left of", 0]}],
+                           "prompt": "x"})
+
+
+# ---------------------------------------------------------------------------------------- tiny world
+def test_shapes_metadata_is_geneval_shaped():
+    rows = gb.shapes_metadata()
+    assert len(rows) * gb.IMAGES_PER_PROMPT == gb.ShapesGenEval.default_n
+    for r in rows:
+        ge.check_metadata(r)
+        if r["tag"] in ("two_object", "position"):
+            assert r["include"][0]["class"] != r["include"][1]["class"]
+    pos = next(r for r in rows if r["tag"] == "position")
+    words = pos["prompt"].split()                      # "a red circle left of a blue square"
+    assert pos["include"][1]["class"] == words[2] and pos["include"][0]["class"] == words[-1]
+    assert pos["include"][1]["position"][0] in pos["prompt"]
+    cnt = next(r for r in rows if r["tag"] == "counting")
+    assert cnt["exclude"][0]["count"] == cnt["include"][0]["count"] + 1
+    assert gb.shapes_metadata() == rows                # deterministic
+
+
+def test_shapes_detector_recovers_the_generators_ground_truth():
+    from bench.data import scenes
+    from bench.metrics.geneval_detectors import ShapesDetector
+    det = ShapesDetector()
+    imgs, _, specs, truths = scenes.generate(300, "eval")
+    hits = 0
+    for img, truth in zip(imgs, truths):
+        hwc = img.permute(1, 2, 0).numpy()
+        boxes, masks = det.detect(hwc)
+        got = sorted((c, col) for c, b in boxes.items()
+                     for col in det.colours(hwc, [(bx, m) for bx, m in zip(b, masks[c])], c))
+        want = sorted((o.shape, o.colour) for o in truth.objects)
+        hits += got == want
+    assert hits / len(imgs) >= 0.99, hits
+
+
+def test_shapes_geneval_scores_ground_truth_scenes_correct():
+    """The GenEval rules with the shapes detector on the generator's own scenes of each prompt."""
+    from bench.data import scenes
+    from bench.metrics.geneval_detectors import ShapesDetector
+    imgs, _, specs, _ = scenes.generate(240, "eval")
+    keep = [i for i, s in enumerate(specs)
+            if s.task not in ("two_object", "position") or s.objects[0].shape != s.objects[1].shape]
+    rows = [gb._shapes_row(specs[i]) for i in keep]
+    df = gb.score_images(ShapesDetector(), [imgs[i].permute(1, 2, 0).numpy() for i in keep], rows,
+                         [str(i) for i in keep])
+    assert df["correct"].mean() >= 0.99, df[~df["correct"]][["prompt", "reason"]].to_string()
+    assert set(df["tag"]) == set(ge.TAGS)
+
+
+def test_geneval_folder_layout_resume_and_missing_images(tmp_path):
+    rows = gb.shapes_metadata(per_tag=1)
+    calls = []
+
+    class Fake:
+        def generate(self, prompts, seed, **kw):
+            calls.append((prompts[0], seed))
+            return torch.full((len(prompts), 3, 8, 8), 100, dtype=torch.uint8)
+    folder = tmp_path / "g"
+    assert gb.generate_folder(Fake(), rows[:3], folder, seed=7, sampling={}, n=2, progress=False) == 3
+    assert [s for _, s in calls] == [7 * 1_000_003 + i for i in range(3)]          # seeded per prompt
+    assert (folder / "00000" / "samples" / "0001.png").is_file()
+    assert json.loads((folder / "00002" / "metadata.jsonl").read_text()) == rows[2]
+    # resume: complete prompts are skipped, a prompt with a missing image is redone
+    (folder / "00001" / "samples" / "0001.png").unlink()
+    calls.clear()
+    assert gb.generate_folder(Fake(), rows[:4], folder, seed=7, sampling={}, n=2, progress=False) == 2
+    assert [s for _, s in calls] == [7 * 1_000_003 + 1, 7 * 1_000_003 + 3]
+    assert len(gb.scan_folder(folder, rows[:4], n=2)) == 4
+    (folder / "00003" / "samples" / "0000.png").unlink()
+    with pytest.raises(FileNotFoundError, match=r"00003/samples/0000.png"):
+        gb.scan_folder(folder, rows[:4], n=2)
+    with pytest.raises(ValueError, match="another prompt"):
+        gb.generate_folder(Fake(), rows[1:3], folder, seed=7, sampling={}, n=2, progress=False)
+
+
+@pytest.mark.parametrize("name", ["shapes-geneval", "geneval"])
+def test_prompt_bench_protocol(name):
+    from bench.metrics.catalog import METRICS
+    from bench.registry import BENCHES, MODELS
+    b = BENCHES.get(name)()
+    assert b.conditions == "prompts" and MODELS.get(b.model).world == b.world
+    assert MODELS.get(b.model).kind == "t2i"
+    assert set(b.metrics) <= set(METRICS.names()) and b.version >= 1
+    assert len(b.rows()) * gb.IMAGES_PER_PROMPT == b.default_n == b.check_n(b.default_n)
+
+
+def test_shapes_geneval_evaluate_in_memory():
+    """The bench's evaluate (what `varbench run` calls), ground-truth scenes standing in for samples."""
+    from bench.data import scenes
+    imgs, _, specs, _ = scenes.generate(30, "eval")
+    keep = [i for i, s in enumerate(specs)
+            if s.task not in ("two_object", "position") or s.objects[0].shape != s.objects[1].shape]
+    truth_rows = [gb._shapes_row(specs[i]) for i in keep]
+
+    class OnTruth(gb.ShapesGenEval):
+        default_n = gb.IMAGES_PER_PROMPT * len(truth_rows)
+
+        def rows(self):
+            return truth_rows
+    b = OnTruth()
+    m = b.evaluate(imgs[keep].repeat_interleave(4, dim=0), b.labels(b.default_n), progress=False)
+    assert set(m) == set(b.metrics) == {"geneval", "geneval_images", "geneval_prompts", *(f"geneval_{t}" for t in ge.TAGS)}
+    assert m["geneval"]["value"] == 1.0 and m["geneval_images"]["value"] == 1.0
+    assert m["geneval_counting"]["n"] == 4 * sum(r["tag"] == "counting" for r in truth_rows)
+    with pytest.raises(ValueError, match="prompts"):
+        b.evaluate(imgs[keep].repeat_interleave(4, dim=0), list(reversed(b.labels(b.default_n))), progress=False)
+
+
+def test_bench_labels_and_n():
+    b = gb.ShapesGenEval()
+    labels = b.labels(8)
+    assert labels == [b.rows()[0]["prompt"]] * 4 + [b.rows()[1]["prompt"]] * 4
+    for bad in (0, 6, b.default_n + 4, True):
+        with pytest.raises(ValueError, match="4 images per prompt"):
+            b.check_n(bad)
+
+
+def test_cli_import_and_bad_options(tmp_path, capsys):
+    from bench.cli import main
+    gold = json.loads(GOLDEN.read_text())["cases"]
+    df = pd.DataFrame([{"filename": f"{i}.png", "tag": c["metadata"]["tag"], "prompt": c["metadata"]["prompt"],
+                        "correct": c["correct"], "reason": c["reason"], "metadata": json.dumps(c["metadata"]),
+                        "details": "{}"} for i, c in enumerate(gold)])
+    path = tmp_path / "results.jsonl"
+    df.to_json(path, orient="records", lines=True)
+    assert main(["geneval", "import", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["geneval"] == pytest.approx(np.mean([df[df.tag == t].correct.mean() for t in ge.TAGS]))
+    assert main(["geneval", "score", str(tmp_path), "--options", "threshold"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+    assert main(["geneval", "import", str(tmp_path / "nope.jsonl")]) == 2
+    capsys.readouterr()
+    assert main(["geneval", "score", str(tmp_path), "--bench", "shapes-c2i"]) == 2
+    assert "not a GenEval bench; GenEval benches: geneval, shapes-geneval" in capsys.readouterr().err
+    assert main(["geneval", "score", str(tmp_path)]) == 2
+    assert "holds no prompt folder" in capsys.readouterr().err
+    assert main(["geneval", "generate", str(tmp_path / "x"), "--model", "tiny-var"]) == 2
+    assert "not a text-to-image model" in capsys.readouterr().err
+
+
+def test_run_specs_pair_prompt_benches_with_text_to_image_models():
+    from bench.plan import make_spec
+    with pytest.raises(ValueError, match="conditioned on prompts, model tiny-var on classes"):
+        make_spec("tiny-var", bench="shapes-geneval")
+    with pytest.raises(ValueError, match=r"conditioned on classes, model tiny-t2i on prompts \(benches for it: "
+                                         r"geneval, shapes-geneval\)"):
+        make_spec("tiny-t2i", bench="shapes-c2i", need_ckpt=False)
