@@ -59,6 +59,9 @@ def make_spec(model: str, methods: str | Sequence[str] | None = (), bench: Optio
                       if BENCHES.get(b).conditions == takes and BENCHES.get(b).kind == "images")
         raise ValueError(f"bench {bench_name} is conditioned on {bench_cls.conditions}, model {model} on {takes}"
                          + (f" (benches for it: {', '.join(fits)})" if fits else ""))
+    if takes == "prompts" and card.kind != "t2i":   # bench.accounting.model_cost knows Infinity-class generators only
+        raise ValueError(f"model {model}: runs of prompt benches take Infinity-class models (tiny-t2i, infinity-2b) "
+                         f"for now; {card.kind} generators' run costs are not computed by the runner yet")
     requested = requested_chain(methods if methods is not None else ())
     resolved = resolve_chain(requested) if requested else ()
     n = bench_cls.check_n(n if n is not None else bench_cls.default_n)

@@ -170,7 +170,7 @@ def score_images(detector, images, rows: Sequence[dict], filenames: Sequence[str
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from bench.metrics.geneval import DEFAULTS, _options, evaluate, keep_detections
+    from bench.metrics.geneval import _options, evaluate, keep_detections
     opts = _options(options)
     out = []
     for img, row, name in tqdm(list(zip(images, rows, filenames)), desc="geneval score", disable=not progress):
@@ -178,7 +178,7 @@ def score_images(detector, images, rows: Sequence[dict], filenames: Sequence[str
         boxes, masks = detector.detect(img)
         objects = keep_detections(boxes, masks, row["tag"], opts)
         ok, reason = evaluate(objects, row, lambda objs, cls, img=img: detector.colours(img, objs, cls),
-                              opts.get("position_threshold", DEFAULTS["position_threshold"]))
+                              opts["position_threshold"])
         out.append({"filename": name, "tag": row["tag"], "prompt": row["prompt"], "correct": bool(ok),
                     "reason": reason, "metadata": json.dumps(row),
                     "details": json.dumps({k: [b.tolist() for b, _ in v] for k, v in objects.items()})})

@@ -19,7 +19,8 @@ classifies the colours of found objects: ``colours(image, objects, classname) ->
   file, zero-shot over ``COLORS`` with the three official templates: text embeddings L2-normalised,
   averaged over templates, renormalised; each crop = the image composited over grey ``#999`` outside
   the mask, cropped to the box (PIL rounds the box), open_clip's preprocessing; logits 100·img·text;
-  the argmax.
+  the argmax. It runs in fp32 where the official runs under CUDA autocast (fp16), so a crop whose two
+  best colours nearly tie may be classified differently; not checked here (no weights, no GPU).
 """
 from __future__ import annotations
 
