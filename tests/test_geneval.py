@@ -114,6 +114,12 @@ def test_position_rule_and_its_margin():
         (False, "expected teddy bear>=1, found 0\nno target for dog to be right of")
     # a clause that already failed is not checked for position
     assert _eval(meta, {}) == (False, "expected teddy bear>=1, found 0\nexpected dog>=1, found 0")
+    # a clause whose colour failed is not checked for position either (no official prompt has both)
+    both = {"tag": "position", "include": [{"class": "teddy bear", "count": 1},
+                                           {"class": "dog", "count": 1, "color": "red", "position": ["right of", 0]}],
+            "prompt": "a photo of a red dog right of a teddy bear"}
+    assert _eval(both, {"teddy bear": bear, "dog": [_box(20, 0, 30, 10)]}, {"dog": ["blue"]}) == \
+        (False, "expected red dog>=1, found 0 red; and 1 blue")
     # the ±0.5 cut: offset (10, −6) → shrunk (8, −4)/11.66 = (0.69, −0.34): right of, not above
     assert ge.relative_position((np.array(_box(50, -6, 60, 4)), None), b) == {"right of"}
 
