@@ -23,7 +23,8 @@ from bench.registry import BENCHES, METHODS, MODELS, UnknownNameError
 from bench.spec import canonical_method, chain_versions, parse_chain, parse_method, resolve_chain
 
 DEFAULT_BENCH = {"paper": "imagenet256", "tiny": "shapes-c2i"}
-CONDITIONS = {"c2i": "classes", "t2i": "prompts", "hart": "prompts"}   # what a model kind is conditioned on
+# what a runnable model kind is conditioned on (HART samples from text-model states, not prompts: not runnable yet)
+CONDITIONS = {"c2i": "classes", "t2i": "prompts"}
 
 
 def requested_chain(methods: str | Sequence[str] | None) -> List[str]:
@@ -53,15 +54,16 @@ def make_spec(model: str, methods: str | Sequence[str] | None = (), bench: Optio
     if bench_cls.world not in (world, "any") or card.world != world:
         raise ValueError(f"world mismatch: world {world}, model {model} is {card.world}-world, "
                          f"bench {bench_name} is {bench_cls.world}-world")
-    takes = CONDITIONS[getattr(card, "kind", "c2i")]
+    kind = getattr(card, "kind", "c2i")
+    if kind not in CONDITIONS:
+        raise ValueError(f"model {model} ({kind}) cannot be run by the runner yet: its generator takes text-model "
+                         f"states, not prompts; `varbench info {model}` gives its weight-free accounting")
+    takes = CONDITIONS[kind]
     if bench_cls.conditions != takes:
         fits = sorted(b for b in BENCHES.names()
                       if BENCHES.get(b).conditions == takes and BENCHES.get(b).kind == "images")
         raise ValueError(f"bench {bench_name} is conditioned on {bench_cls.conditions}, model {model} on {takes}"
                          + (f" (benches for it: {', '.join(fits)})" if fits else ""))
-    if takes == "prompts" and card.kind != "t2i":   # bench.accounting.model_cost knows Infinity-class generators only
-        raise ValueError(f"model {model}: runs of prompt benches take Infinity-class models (tiny-t2i, infinity-2b) "
-                         f"for now; {card.kind} generators' run costs are not computed by the runner yet")
     requested = requested_chain(methods if methods is not None else ())
     resolved = resolve_chain(requested) if requested else ()
     n = bench_cls.check_n(n if n is not None else bench_cls.default_n)

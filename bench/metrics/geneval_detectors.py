@@ -7,8 +7,8 @@ classifies the colours of found objects: ``colours(image, objects, classname) ->
 - ``ShapesDetector`` (tiny world, ``shapes-geneval``): the exact rule-based detector of shapes-scenes
   (``bench.data.scenes_detect``: connected components of colour strength, shape class by mask
   features); the class is the shape, the score the shape's confidence, the box the mask's tight
-  pixel box (x2, y2 = one past the last pixel: mmdet's continuous convention). Colour: the colour
-  channel of largest mean colour strength under the object's mask — what GenEval's CLIP does on a
+  pixel box (x2, y2 = one past the last pixel: mmdet's continuous convention). Colour: the colour the
+  detector found the object in (its connected component's colour) — what GenEval's CLIP does on a
   masked crop, exact for these scenes.
 - ``Mask2FormerDetector`` (paper world, ``geneval``): the official detector,
   ``mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco`` through mmdet 2.x (``init_detector`` /
@@ -45,24 +45,19 @@ class ShapesDetector:
         img = np.ascontiguousarray(np.asarray(image).transpose(2, 0, 1))          # 3, H, W uint8
         boxes: Dict[str, list] = {}
         masks: Dict[str, list] = {}
+        self._colour = {}                 # id(mask) -> the detection's colour, for colours()
         for d in scenes_detect.detect(img[None])[0]:
             boxes.setdefault(d.shape, []).append([*map(float, d.box), float(d.score)])
             masks.setdefault(d.shape, []).append(d.mask)
+            self._colour[id(d.mask)] = d.colour
         return {c: np.array(b, dtype=np.float64) for c, b in boxes.items()}, masks
 
     def colours(self, image: np.ndarray, objects: Sequence[Obj], classname: str) -> List[str]:
-        from bench.data.scenes_detect import colour_strength
-        from bench.tiny.configs import COLOURS
-        names = list(COLOURS)
-        s = colour_strength(np.asarray(image, dtype=np.float64).transpose(2, 0, 1) / 255.0)   # 3, H, W
-        out = []
-        for box, mask in objects:
-            if mask is None:                      # no mask: the box's pixels
-                x1, y1, x2, y2 = (int(round(v)) for v in box[:4])
-                mask = np.zeros(s.shape[1:], dtype=bool)
-                mask[y1:y2, x1:x2] = True
-            out.append(names[int(s[:, mask].mean(axis=1).argmax())])
-        return out
+        """The colours the last ``detect`` found these objects in (objects are its (box, mask) pairs)."""
+        try:
+            return [self._colour[id(mask)] for _, mask in objects]
+        except (AttributeError, KeyError):
+            raise ValueError("ShapesDetector.colours takes objects of the image it last detected") from None
 
 
 class ClipColours:
