@@ -197,7 +197,8 @@ def _cmd_run(args) -> int:
     if args.bench and BENCHES.get(args.bench).kind != "images":
         raise ValueError(f"--bench {args.bench} is not an image bench: run it with `varbench {args.bench}`")
     spec = make_spec(args.model, args.method, bench=args.bench, n=args.n, seed=args.seed, world=args.world,
-                     sampling=_sampling_overrides(args), ckpt_dir=args.ckpt_dir)
+                     sampling=_sampling_overrides(args), ckpt_dir=args.ckpt_dir,
+                     bench_args={"fidelity": True} if args.fidelity else None)
     from bench.runner import run
 
     rec = run(spec, root=args.results, force=args.force, ckpt_dir=args.ckpt_dir, progress=not args.quiet,
@@ -658,6 +659,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--method", default=None, help="method chain joined by '+', e.g. 'magnitude:sparsity=0.4 + ft:epochs=1' "
                     "(default: dense, the unmodified model)")
     sp.add_argument("--bench", default=None, help="bench (default: shapes-c2i in the tiny world, imagenet256 in the paper world)")
+    sp.add_argument("--fidelity", action="store_true",
+                    help="also compare with the unmodified model's images on the same conditions and seeds: FID* "
+                         "(per category on MJHQ benches), PSNR, SSIM. The original's images are sampled once and "
+                         "cached under <results>/<world>/<model>/<bench>/_originals/ for every method")
     common(sp)
     sp.set_defaults(func=_cmd_run)
 

@@ -20,6 +20,7 @@ A record is one JSON object::
         "method_versions": {"ft": 1, "magnitude": 1},   # each method's YAML `version:` (null: legacy)
         "bench": "shapes-c2i",          # registered bench name
         "protocol": {"version": 1, "files": {"feature_cnn.safetensors": "…"}},  # bench identity (null: legacy)
+                                        # (+ "fidelity": true when compared with the original's images)
         "n": 600,                       # number of generated images
         "seed": 0,                      # base seed
         "sampling": {"cfg": 2.0, "top_k": 50, "top_p": 0.9, "more_smooth": false},  # as sampled
@@ -38,6 +39,8 @@ A record is one JSON object::
         "versions": {"torch": "…", "torch-fidelity": "…", "numpy": "…"}  # null if absent
       },
       "timings": {"load_s": 1.2, "methods_s": 3.4, "sample_s": 30.0, "metrics_s": 5.0, "total_s": 40.0},
+                                        # (+ "original_s": sampling/reading the original's images, fidelity runs;
+                                        # not part of total_s)
       "notes": ["deviation from the paper's method, one sentence each", ...],
       "created": "2026-05-09T07:35:25+00:00"   # ISO 8601, UTC
     }

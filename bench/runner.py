@@ -34,6 +34,49 @@ def sample(gen, bench, labels: torch.Tensor, seed: int, sampling: dict, progress
                       for bi, s in enumerate(tqdm(batches, desc=desc, disable=not progress))])
 
 
+@torch.no_grad()
+def sample_features(gen, bench, labels, seed: int, sampling: dict, cached=None, on_batch=None, on_chunk=None,
+                    progress: bool = True, desc: str = "sample"):
+    """The bench's images as ``sample`` makes them, turned into the bench's feature rows every
+    ``bench.feature_chunk`` images as they come, so that at most one chunk of images is held (the rows
+    equal ``bench.features`` of all images: see ``Bench.feature_chunk``).
+
+    ``cached(lo, hi)``: images lo … hi − 1 already on disk, or None (then the batch is sampled);
+    ``on_batch(lo, images)``: called after each sampled batch; ``on_chunk(lo, images)``: more per-image
+    rows of a chunk (the fidelity pairs). Returns (feature rows, on_chunk rows, {sample_s, features_s})."""
+    B, C, n = bench.batch_size, bench.feature_chunk, len(labels)
+    rows: Dict[str, list] = {}
+    extra: Dict[str, list] = {}
+    times = {"sample_s": 0.0, "features_s": 0.0}
+    state = {"buf": [], "start": 0}
+
+    def flush(final: bool) -> None:
+        imgs = torch.cat(state["buf"]) if state["buf"] else torch.zeros(0)
+        while len(imgs) >= C or (final and len(imgs)):
+            chunk, imgs = imgs[:C], imgs[C:]
+            t = time.perf_counter()
+            for k, v in bench.features(chunk).items():
+                rows.setdefault(k, []).append(v)
+            for k, v in (on_chunk(state["start"], chunk) if on_chunk else {}).items():
+                extra.setdefault(k, []).append(v)
+            times["features_s"] += time.perf_counter() - t
+            state["start"] += len(chunk)
+        state["buf"] = [imgs] if len(imgs) else []
+
+    for bi, s in enumerate(tqdm(range(0, n, B), desc=desc, disable=not progress)):
+        imgs = cached(s, min(s + B, n)) if cached else None
+        if imgs is None:
+            t = time.perf_counter()
+            imgs = gen.generate(labels[s:s + B], seed=bench.batch_seed(seed, bi), **sampling).cpu()
+            times["sample_s"] += time.perf_counter() - t
+            if on_batch:
+                on_batch(s, imgs)
+        state["buf"].append(imgs)
+        flush(False)
+    flush(True)
+    return ({k: torch.cat(v) for k, v in rows.items()}, {k: torch.cat(v) for k, v in extra.items()}, times)
+
+
 # Training/calibration data of a bench, tokenised by the model's VQVAE, kept across the runs of one
 # process (a table's runs): e.g. Table 2's six 1-epoch FT runs share one tokenised train split (20 s
 # each on 2 CPU cores otherwise). Keyed by everything that decides the tensors; methods only read them.
@@ -64,12 +107,18 @@ def _refuse_newer(path) -> None:
                           f"not overwriting it. Upgrade varbench, or delete the file to rerun with this version.")
 
 
+def bench_of(spec: RunSpec):
+    """The spec's bench with its recorded setting (e.g. ``fidelity``)."""
+    cls = BENCHES.get(spec.bench)
+    return cls(**cls.args_from_protocol(spec.protocol))
+
+
 def preflight(spec: RunSpec, root=None) -> None:
     """Checks that need no model: the record folder is writable and the bench's files exist."""
     path = spec.path(root)
     check_writable_dir(path.parent, "results folder")
     _refuse_newer(path)
-    BENCHES.get(spec.bench)().preflight()
+    bench_of(spec).preflight()
 
 
 def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: bool = True,
@@ -89,10 +138,21 @@ def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: 
     timings: Dict[str, float] = {}
     t0 = time.perf_counter()
     card = MODELS.get(spec.model)
-    bench = BENCHES.get(spec.bench)()
+    bench = bench_of(spec)
     if card.identity(ckpt_dir) != spec.ckpt:
         raise ValueError(f"{spec.label()}: the checkpoint files in {card.folder(ckpt_dir)} are not the ones "
                          f"this spec was made for; make the spec again")
+    original = None
+    if bench.fidelity:                  # the unmodified model's outputs first (cached), before the run's model loads
+        if shard.active():
+            raise ValueError(f"{spec.label()}: fidelity runs are not sharded yet; run it in one process")
+        from bench import originals
+        t = time.perf_counter()
+        labels = bench.labels(spec.n)
+        original = originals.ensure(spec, bench, labels, lambda: card(ckpt_dir=ckpt_dir, device=device).eval(),
+                                    sample_features, root, progress)
+        timings["original_s"] = time.perf_counter() - t
+        t0 += timings["original_s"]     # load_s and total_s below are the run's own
     ctx = Context(world=spec.world, seed=spec.seed, progress=progress, epoch_size=bench.epoch_size,
                   teacher=lambda: card(ckpt_dir=ckpt_dir, device=device).eval())
     handed, per_rank = split_for_ranks(spec.methods)
@@ -123,6 +183,14 @@ def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: 
     if shard.active():                  # torchrun: each rank makes its batches (on disk, read back below)
         images = None
         shard_cost.update(shard.sample(gen, bench, labels, spec, path, progress))
+    elif bench.feature_chunk:           # images → feature rows chunk by chunk (one chunk in memory)
+        pairs = None
+        if original is not None:
+            from bench import originals
+            d = originals.folder(spec, root)
+            pairs = lambda lo, imgs: originals.pair_rows(d, lo, imgs, bench.lpips_weights)   # noqa: E731
+        feats, pair_rows, tt = sample_features(gen, bench, labels, spec.seed, spec.sampling, on_chunk=pairs,
+                                               progress=progress, desc=f"sample {spec.label()}")
     else:
         images = sample(gen, bench, labels, spec.seed, spec.sampling, progress, desc=f"sample {spec.label()}")
     timings["sample_s"] = time.perf_counter() - t
@@ -133,6 +201,13 @@ def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: 
         if metrics is None:
             return shard.wait_for_record(spec, root)
         shard_cost.update(more)
+    elif bench.feature_chunk:
+        metrics = bench.score(feats, labels, seed=spec.seed, progress=progress)
+        if original is not None:
+            metrics.update(bench.fidelity_metrics(feats, original, labels))
+            metrics.update(originals.pair_metrics(pair_rows))
+        timings["sample_s"] -= tt["features_s"]     # the feature time interleaved with sampling is metrics time
+        t -= tt["features_s"]
     else:
         metrics = bench.evaluate(images, labels, seed=spec.seed, progress=progress)
     timings["metrics_s"] = time.perf_counter() - t

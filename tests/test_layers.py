@@ -8,14 +8,14 @@ REPO = Path(__file__).resolve().parent.parent
 LAYERS = {
     "bench.defaults": 0, "bench.tiny": 0, "bench.io": 0, "bench.resources": 0, "bench.spec": 0,
     "bench.registry": 0, "bench.checkpoint": 0, "bench.models.configs": 0, "bench.models.hart_config": 0,
-    "bench.metrics.catalog": 0,
+    "bench.metrics.catalog": 0, "bench.metrics.mjhq": 0,
     "bench.models": 1, "bench.accounting": 1, "bench.prune": 1,
     "bench.calib": 2, "bench.obs": 2, "bench.importance": 2, "bench.distill": 2,
     "bench.data": 2,
     "bench.metrics": 3,
     "bench.benches": 4,
     "bench.records": 5, "bench.plan": 5, "bench.method": 5, "methods": 5,
-    "bench.runner": 6, "bench.render": 6, "bench.latency": 6, "bench.coreml": 6, "bench.figures": 6,
+    "bench.runner": 6, "bench.originals": 6, "bench.render": 6, "bench.latency": 6, "bench.coreml": 6, "bench.figures": 6,
     "bench.image_grid": 6, "bench.shard": 6, "bench.sweep": 6, "bench.leaderboard": 6,
     "bench.recipes": 7, "bench.cli": 7, "bench.__main__": 7,
 }
@@ -23,7 +23,7 @@ LAYERS = {
 TORCH_FREE = ("bench", "bench.checkpoint", "bench.render", "bench.figures", "bench.leaderboard", "bench.sweep", "bench.records", "bench.plan", "bench.spec", "bench.registry", "bench.io",
               "bench.resources", "bench.defaults", "bench.models.cards", "bench.models.configs",
               "bench.models.hart_config", "bench.image_grid",
-              "bench.metrics.catalog", "bench.benches", "bench.tiny")
+              "bench.metrics.catalog", "bench.metrics.mjhq", "bench.benches", "bench.tiny")
 
 
 def layer(module: str) -> int:

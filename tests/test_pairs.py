@@ -66,3 +66,32 @@ def test_fid_star_of_a_set_against_itself_and_clean_fid_agreement():
     s1, s2 = fid_statistics(f1), fid_statistics(f2)
     theirs = frechet_distance(s1["mu"], s1["sigma"], s2["mu"], s2["sigma"])
     assert ours > 1 and ours == pytest.approx(theirs, rel=1e-6)
+
+
+def test_lpips_is_torchmetrics_alex_per_pair_from_a_local_backbone(tmp_path):
+    """LPIPS per pair equals torchmetrics' metric on each pair (same AlexNet file, here seeded random
+    weights); the backbone is read from the given file, never downloaded; the hub folder is restored."""
+    import torchvision
+    from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
+    torch.manual_seed(0)
+    w = tmp_path / pairs.ALEXNET_FILE
+    torch.save(torchvision.models.alexnet(weights=None).state_dict(), w)
+    hub = torch.hub.get_dir()
+    a, b = _imgs(3, 0, 32), _imgs(3, 1, 32)
+    b[0] = a[0]
+    got = pairs.lpips(a, b, w)
+    assert torch.hub.get_dir() == hub
+    assert got[0].item() == pytest.approx(0.0, abs=1e-7) and (got[1:] > 0).all()
+    (tmp_path / "hub" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "hub" / "checkpoints" / pairs.ALEXNET_FILE).symlink_to(w)
+    torch.hub.set_dir(str(tmp_path / "hub"))
+    try:
+        ref = LearnedPerceptualImagePatchSimilarity(net_type="alex", normalize=True)
+    finally:
+        torch.hub.set_dir(hub)
+    for i in range(3):
+        ref.reset()
+        ref.update(a[i:i + 1].float() / 255, b[i:i + 1].float() / 255)
+        assert got[i].item() == pytest.approx(ref.compute().item(), rel=1e-5, abs=1e-7)
+    with pytest.raises(FileNotFoundError, match=pairs.ALEXNET_FILE):
+        pairs.lpips(a, b, tmp_path / "missing.pth")

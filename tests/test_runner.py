@@ -153,3 +153,41 @@ def test_bench_data_is_tokenised_once_per_process_and_key():
         runner.cached_data(spec, b, None, n, "train")
     assert len(runner._DATA_CACHE) == runner._DATA_CACHE_SIZE
     runner._DATA_CACHE.clear()
+
+
+def test_sample_features_streams_chunks_across_batches_in_order():
+    """Rows of chunks that straddle sampling batches equal the features of all images at once; a batch
+    the cache holds is read, not sampled; the chunk hook sees every image once, at its index."""
+    from bench.benches.base import Bench
+    from bench.runner import sample, sample_features
+
+    class Gen:
+        def __init__(self):
+            self.seeds = []
+
+        def generate(self, labels, seed=0):
+            self.seeds.append(seed)
+            v = torch.tensor([int(x) * 7 + seed % 5 for x in labels], dtype=torch.uint8)
+            return v.view(-1, 1, 1, 1).expand(-1, 3, 2, 2).contiguous()
+
+    class B(Bench):
+        batch_size, feature_chunk = 3, 4
+
+        def features(self, imgs, progress=False):
+            return {"features": imgs.float().mean((1, 2, 3))[:, None], "twice": 2 * imgs[:, 0, 0, 0].float()}
+
+    labels = torch.arange(10)
+    everything = B().features(sample(Gen(), B(), labels, 1, {}, progress=False))
+    gen, seen = Gen(), []
+    cached_batch = torch.full((3, 3, 2, 2), 200, dtype=torch.uint8)
+    rows, extra, times = sample_features(
+        gen, B(), labels, 1, {}, progress=False,
+        cached=lambda lo, hi: cached_batch if lo == 3 else None,
+        on_chunk=lambda lo, imgs: seen.append((lo, len(imgs))) or {"lo": torch.full((len(imgs),), lo)})
+    assert gen.seeds == [B.batch_seed(1, b) for b in (0, 2, 3)]          # batch 1 came from the cache
+    assert seen == [(0, 4), (4, 4), (8, 2)]
+    assert extra["lo"].tolist() == [0] * 4 + [4] * 4 + [8] * 2
+    want = everything["features"].clone()
+    want[3:6] = 200.0
+    assert torch.equal(rows["features"], want) and rows["twice"].shape == (10,)
+    assert set(times) == {"sample_s", "features_s"}

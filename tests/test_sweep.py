@@ -89,7 +89,7 @@ def test_emitted_commands_make_exactly_the_todo_cells(tmp_path, capsys):
     ({"models": ["tiny-vra"]}, "models[0]: unknown model 'tiny-vra'; did you mean 'tiny-var'"),
     ({"methods": ["dense", "magnitud:sparsity=0.2"]}, "methods[1] 'magnitud:sparsity=0.2': unknown method "
                                                        "'magnitud'; did you mean 'magnitude'?"),
-    ({"benches": ["shapes-c2"]}, "benches[0]: unknown bench 'shapes-c2'; did you mean 'shapes-c2i' or 'shapes-geneval'?"),
+    ({"benches": ["shapes-c2"]}, "benches[0]: unknown bench 'shapes-c2'; did you mean 'shapes-c2i' or 'shapes-mjhq' or 'shapes-geneval'?"),
     ({"seed": [0]}, "unknown key 'seed'; did you mean 'seeds'?"),
     ({"benches": ["latency"]}, "latency is not an image bench; run it with `varbench latency`"),
     ({"sampling": {"more_smooth": True}}, "sampling may set cfg, top_k, top_p"),

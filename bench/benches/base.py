@@ -6,6 +6,11 @@ docstring and code; the runner only asks it for ``labels(n)``, ``batch_seed`` an
 Bench modules are imported to learn the benches' names and facts (world, classes, default n,
 protocol version) without torch: they import torch, data and metrics inside their methods only.
 
+``fidelity`` is a setting of the benches that have feature rows (``feature_chunk`` > 0): with it on, a
+run is also compared with the unmodified model's outputs on the same conditions and seeds (FID*,
+PSNR, SSIM: ``bench.originals``). It enters the protocol identity only when on, so records made
+without it keep their keys.
+
 ``version`` is the protocol version: bump it whenever the bench's conditions, seeds, reference set
 or metric code change, so that every record made under the old protocol is reported stale.
 ``identity()`` adds the files the scores depend on (e.g. the feature network's sha256).
@@ -30,6 +35,21 @@ class Bench:
     epoch_size: int = 0             # images per "epoch" of the training split (recovery methods)
     version: int = 1                # protocol version (see the module docstring)
     metrics: Tuple[str, ...] = ()   # what evaluate() returns (names of bench.metrics.catalog)
+    fidelity: bool = False          # also compare with the original model's outputs (see the module docstring)
+
+    def __init__(self, fidelity: bool = False):
+        self.fidelity = self.check_fidelity(fidelity)
+
+    @classmethod
+    def check_fidelity(cls, fidelity) -> bool:
+        if not isinstance(fidelity, bool):
+            raise ValueError(f"fidelity must be true or false, got {fidelity!r}")
+        if fidelity and not cls.feature_chunk:
+            from bench.registry import BENCHES
+            fits = sorted(b for b in BENCHES.names() if BENCHES.get(b).feature_chunk)
+            raise ValueError(f"bench {cls.name} has no feature rows to compare with the original model's outputs; "
+                             f"benches with fidelity metrics: {', '.join(fits)}")
+        return fidelity
 
     def labels(self, n: int) -> "torch.Tensor":
         """Conditions of the n samples, class-major (n/num_classes per class, as VAR's FID protocol)."""
@@ -53,13 +73,13 @@ class Bench:
 
     def identity(self) -> Dict[str, object]:
         """What the scores depend on besides the images: the protocol version and any files."""
-        return {"version": self.version}
+        return {"version": self.version, **({"fidelity": True} if self.fidelity else {})}
 
     @classmethod
     def args_from_protocol(cls, protocol) -> Dict[str, object]:
-        """Constructor arguments of the bench a recorded protocol came from (none: benches without a
-        setting; the latency bench keeps its device, batch, … there)."""
-        return {}
+        """Constructor arguments of the bench a recorded protocol came from (``fidelity`` where it was
+        on; the latency bench keeps its device, batch, … there)."""
+        return {"fidelity": True} if (protocol or {}).get("fidelity") else {}
 
     def preflight(self) -> None:
         """Raise now (before any sampling) if a file ``evaluate`` will need is missing."""
@@ -85,6 +105,21 @@ class Bench:
                  progress: bool = True) -> Dict[str, dict]:
         """Metrics of the n images (sample order): ``score(features(images))`` by default."""
         return self.score(self.features(images_uint8, progress), labels, seed=seed, progress=progress)
+
+    @property
+    def lpips_weights(self):
+        """AlexNet's weights for LPIPS among the fidelity pairs (paper-world benches: $VARBENCH_LPIPS_ALEXNET;
+        None: no LPIPS)."""
+        import os
+        return os.environ.get("VARBENCH_LPIPS_ALEXNET") if self.world == "paper" else None
+
+    def fidelity_metrics(self, feats: Dict[str, "torch.Tensor"], original: Dict[str, "torch.Tensor"],
+                         labels) -> Dict[str, dict]:
+        """FID* of a run's feature rows against the original model's: the bench's FID between the two
+        sets (its ``features`` rows)."""
+        from bench.metrics.pairs import fid_star
+        return {"fid_star": {"value": fid_star(feats["features"], original["features"]),
+                             "n": int(len(feats["features"])), "higher_is_better": False}}
 
     def data(self, n: int, split: str, vae) -> Tuple["torch.Tensor", List["torch.Tensor"]]:
         """(labels [n], token pyramid) of n images of ``split`` ("train" or "calib"), tokenised by

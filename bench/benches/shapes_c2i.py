@@ -34,6 +34,23 @@ def _reference_features(weights_path: str) -> dict:
     return extract_features(tinyshapes.generate(REF_N, "ref")[0], weights_path=weights_path)
 
 
+def tiny_feature_weights(explicit=None) -> str:
+    from bench.resources import tiny_assets_dir
+    return str(explicit or tiny_assets_dir() / "feature_cnn.safetensors")
+
+
+def feature_files(weights: str) -> Dict[str, str]:
+    """{file name: sha256} of the tiny world's feature CNN (checked against its manifest), or a clear error."""
+    from pathlib import Path
+
+    from bench.checkpoint import check_manifest
+    path = Path(weights)
+    if not path.is_file():
+        raise FileNotFoundError(f"feature network {weights} not found: restore assets/tiny "
+                                f"(git checkout -- assets/tiny) or rebuild it with `make tiny-models`")
+    return {path.name: check_manifest(path)}
+
+
 @BENCHES.register("shapes-c2i")
 class ShapesC2I(Bench):
     name, world, model = "shapes-c2i", "tiny", "tiny-var"
@@ -46,30 +63,20 @@ class ShapesC2I(Bench):
     version = 2
     metrics = ("fid", "is", "kid", "precision", "recall", "class_acc")
 
-    def __init__(self, feature_weights=None):
+    def __init__(self, feature_weights=None, fidelity: bool = False):
+        super().__init__(fidelity)
         self._feature_weights = feature_weights
 
-    @property
-    def feature_weights(self) -> str:
-        """The feature CNN (default: the shipped one, read at call time so $VARBENCH_TINY_DIR counts)."""
-        from bench.resources import tiny_assets_dir
-        return str(self._feature_weights or tiny_assets_dir() / "feature_cnn.safetensors")
+    feature_weights = property(lambda self: tiny_feature_weights(self._feature_weights),
+                               doc="the feature CNN (default: the shipped one, read at call time so $VARBENCH_TINY_DIR counts)")
 
     def identity(self) -> Dict[str, object]:
         """Protocol version + the feature CNN's sha256 (checked against its manifest): a retrained
         feature network changes every score, so it changes every record key."""
-        from pathlib import Path
-
-        from bench.checkpoint import check_manifest
-        self.preflight()
-        path = Path(self.feature_weights)
-        return {"version": self.version, "files": {path.name: check_manifest(path)}}
+        return {**super().identity(), "files": feature_files(self.feature_weights)}
 
     def preflight(self) -> None:
-        from pathlib import Path
-        if not Path(self.feature_weights).is_file():
-            raise FileNotFoundError(f"feature network {self.feature_weights} not found: restore assets/tiny "
-                                    f"(git checkout -- assets/tiny) or rebuild it with `make tiny-models`")
+        feature_files(self.feature_weights)
 
     # features: torch-fidelity's extractor in batches of 64, the CNN's class logits in batches of 256;
     # chunks of 256 (a multiple of both) give every image the same batch as one pass over all of them

@@ -63,14 +63,14 @@ import torch.nn.functional as F
 
 from bench.models.generator import to_uint8
 from bench.models.text import WordTokenizer
-from bench.tiny.configs import COLOURS, SHAPES, T2I_VOCAB
+from bench.tiny.configs import COLOURS, SCENE_TASKS, SHAPES, T2I_VOCAB
 
 IMAGE_SIZE = 64
 SUPERSAMPLE = 4          # anti-aliasing: coverage of each pixel from 4×4 samples
 CHUNK = 256              # appearance draws per chunk of indices (prefix-stable)
 SPLIT_SEEDS = {"train": 5_000_011, "val": 6_000_011, "ref": 7_000_003, "calib": 8_000_009, "eval": 9_000_011}
 
-TASKS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
+TASKS = SCENE_TASKS
 COLOUR_NAMES = tuple(COLOURS)
 NUMBERS = ("one", "two", "three", "four")   # the vocabulary's counts; the grammar's counting uses 2–4
 COUNTS = (2, 3, 4)

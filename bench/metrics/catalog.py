@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from bench.metrics.mjhq import MJHQ_CATEGORIES, SHAPES_CATEGORIES
 from bench.registry import METRICS
 
 BETTER = ("lower", "higher", None)
@@ -56,6 +57,21 @@ for _m in (
     MetricInfo("sfid", "sFID", "lower", "{:.2f}", "FID on spatial (mixed_6/conv) Inception features"),
     MetricInfo("class_acc", "Class acc.", "higher", "{:.3f}",
                "fraction of samples the world's classifier assigns to their conditioning class"),
+    # per prompt category (MJHQ-30K's ten, shapes-mjhq's six) and fidelity to the original model's outputs
+    *(MetricInfo(f"fid_{c}", f"FID {c}", "lower", "{:.2f}", f"FID of the {c} prompts' images against that category's "
+                 f"reference images") for c in (*MJHQ_CATEGORIES, *SHAPES_CATEGORIES)),
+    MetricInfo("fid_mean", "FID (cat. mean)", "lower", "{:.2f}", "mean of the per-category FIDs"),
+    MetricInfo("fid_star", "FID*", "lower", "{:.2f}",
+               "FID between a run's images and the unmodified model's on the same conditions and seeds (all images)"),
+    *(MetricInfo(f"fid_star_{c}", f"FID* {c}", "lower", "{:.2f}", f"FID* of the {c} prompts' images")
+      for c in (*MJHQ_CATEGORIES, *SHAPES_CATEGORIES)),
+    MetricInfo("fid_star_mean", "FID* (cat. mean)", "lower", "{:.2f}", "mean of the per-category FID*s"),
+    MetricInfo("psnr", "PSNR", "higher", "{:.2f}", "PSNR (dB) of each image against the unmodified model's image "
+               "for the same condition and seed, mean over pairs (identical pairs: 100 dB)"),
+    MetricInfo("ssim", "SSIM", "higher", "{:.3f}", "SSIM (11×11 Gaussian window, σ 1.5) of each image against the "
+               "unmodified model's, mean over pairs"),
+    MetricInfo("lpips", "LPIPS", "lower", "{:.3f}", "LPIPS (AlexNet) of each image against the unmodified model's, "
+               "mean over pairs"),
     MetricInfo("clip_score", "CLIP score", "higher", "{:.2f}", "100 · cosine(CLIP image, CLIP text), mean over samples"),
     MetricInfo("geneval", "GenEval", "higher", "{:.2f}", "GenEval overall score (mean over the six task types)"),
     *(MetricInfo(f"geneval_{t}", h, "higher", "{:.2f}", f"GenEval {t} accuracy: fraction of its images judged correct")

@@ -67,18 +67,11 @@ class ClipColours:
 
     def __init__(self, weights, device: str = "cpu", arch: str = "ViT-L-14-quickgelu", bgcolor: str = "#999",
                  batch_size: int = 16):
-        weights = Path(weights)
-        if not weights.is_file():
-            raise FileNotFoundError(
-                f"CLIP weights {weights} not found: put OpenAI's ViT-L-14 weights there (the file ViT-L-14.pt of "
-                f"openai/CLIP, or open_clip_pytorch_model.bin of timm/vit_large_patch14_clip_224.openai); "
-                f"varbench never downloads at run time")
-        import open_clip
         import torch
+
+        from bench.metrics.clip_score import load_openai_clip
         self.torch, self.device, self.bgcolor, self.batch_size = torch, device, bgcolor, batch_size
-        self.model, _, self.preprocess = open_clip.create_model_and_transforms(arch, pretrained=str(weights), device=device)
-        self.model.eval()
-        self.tokenizer = open_clip.get_tokenizer(arch)
+        self.model, self.preprocess, self.tokenizer = load_openai_clip(weights, device, arch)
         self._classifiers: Dict[str, "torch.Tensor"] = {}
 
     def classifier(self, classname: str):

@@ -8,6 +8,11 @@ model's output for the same prompt index and seed), as ScaleKV and DistriFusion 
 - ``ssim``: per image, the mean SSIM map (torchmetrics ``StructuralSimilarityIndexMeasure`` defaults:
   Gaussian window 11×11, σ 1.5, k1 0.01, k2 0.03, data range 1) over the windows that lie inside the
   image, averaged over channels.
+- ``lpips`` (paper world, when AlexNet's weights are given): torchmetrics'
+  ``LearnedPerceptualImagePatchSimilarity(net_type="alex", normalize=True)`` per pair, as ScaleKV and
+  DistriFusion compute it; its linear heads ship in the torchmetrics wheel (optional extra
+  ``varbench[lpips]``), the AlexNet backbone is torchvision's ``alexnet-owt-7be5be79.pth``, read from
+  the given path (never downloaded).
 - ``fid_star``: FID between the two image sets' features (the world's extractor): 0 up to the
   round-off of the matrix square root (~1e-6) when the method changes nothing. Pairs do not matter to it; they matter to PSNR and SSIM.
 """
@@ -69,3 +74,44 @@ def fid_star(feats_method, feats_original) -> float:
     """FID between the method's and the original model's output features (any extractor's)."""
     from bench.metrics.fidelity import fid_from_features
     return fid_from_features(feats_method, feats_original)
+
+
+ALEXNET_FILE = "alexnet-owt-7be5be79.pth"     # torchvision's AlexNet IMAGENET1K_V1 (LPIPS' backbone)
+_LPIPS = {}
+
+
+def _lpips_model(alexnet_weights):
+    """torchmetrics' LPIPS (alex) whose backbone torchvision reads from ``alexnet_weights`` (the hub cache
+    is pointed at a temporary folder holding a link to it, so nothing is downloaded)."""
+    import tempfile
+    from pathlib import Path
+    p = Path(alexnet_weights)
+    if not p.is_file():
+        raise FileNotFoundError(f"LPIPS needs AlexNet's weights: {p} not found (torchvision's {ALEXNET_FILE}, "
+                                f"download.pytorch.org/models/{ALEXNET_FILE}; VARBENCH_LPIPS_ALEXNET)")
+    key = str(p.resolve())
+    if key not in _LPIPS:
+        try:
+            from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
+        except ImportError:
+            raise ImportError("LPIPS needs torchmetrics: pip install 'varbench[lpips]'") from None
+        old = torch.hub.get_dir()
+        with tempfile.TemporaryDirectory(prefix="varbench-lpips-") as tmp:
+            (Path(tmp) / "checkpoints").mkdir()
+            (Path(tmp) / "checkpoints" / ALEXNET_FILE).symlink_to(p.resolve())
+            torch.hub.set_dir(tmp)
+            try:
+                _LPIPS[key] = LearnedPerceptualImagePatchSimilarity(net_type="alex", normalize=True).eval()
+            finally:
+                torch.hub.set_dir(old)
+    return _LPIPS[key]
+
+
+@torch.no_grad()
+def lpips(a: torch.Tensor, b: torch.Tensor, alexnet_weights) -> torch.Tensor:
+    """LPIPS (alex) of each pair [N] (see the module docstring)."""
+    _check_pairs(a, b)
+    m = _lpips_model(alexnet_weights)
+    x, y = _unit(a).float(), _unit(b).float()
+    # the metric's own network on batches of 16 pairs (per pair: no batch statistics), before its mean
+    return torch.cat([m.net(x[i:i + 16], y[i:i + 16], normalize=True).reshape(-1) for i in range(0, len(x), 16)]).double()

@@ -30,6 +30,8 @@ T2I_SHAPE_PLURALS = {"circle": "circles", "square": "squares", "triangle": "tria
 T2I_NUMBERS = ("one", "two", "three", "four")
 T2I_VOCAB = ("<pad>", "a", "and", "of", "left", "right", "above", "below", *T2I_NUMBERS, *COLOURS,
              *SHAPES, *(T2I_SHAPE_PLURALS[s] for s in SHAPES))
+# the shapes-scenes grammar's task types (GenEval's six), in order: scene i of a split has task i mod 6
+SCENE_TASKS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 T2I_MAX_WORDS = 8                      # "a red circle left of a blue square"
 T2I_IMAGE_SIZE = 64
 T2I_SCHEDULE = ((1, 1), (2, 2), (4, 4), (6, 6), (8, 8))   # Infinity's 1:1 schedule up to 8×8: 121 tokens

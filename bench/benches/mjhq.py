@@ -1,0 +1,248 @@
+"""MJHQ-30K: FID per prompt category and overall, and CLIP score, of one image per prompt.
+
+``mjhq30k`` (paper world): MJHQ-30K's ``meta_data.json`` (10 categories × 3,000 prompts, the captions
+of the dataset's Midjourney images); n/10 prompts of every category (file order within a category;
+the default n is all 30,000), one image per prompt, prompt i sampled alone with seed
+``seed·1000003 + i`` (FastVAR's scripts sample one prompt at a time). Scores as FastVAR's
+``mjhq30k_fid_clip.py``: clean-fid mode ``clean`` features (``bench.metrics.mjhq``) of the generated
+images against the category's 3,000 reference images (``<MJHQ>/<category>/<id>.jpg``, all of them
+whatever n is), per category (``fid_<category>``), over all images (``fid``, clean-fid's recursive
+two-folder call on the roots) and their mean over categories (``fid_mean``); ``clip_score``: 100 ·
+the mean CLIP ViT-L/14 cosine of each image with its prompt (``bench.metrics.clip_score``). Files:
+``VARBENCH_MJHQ_DIR`` (meta_data.json + the unzipped images), ``VARBENCH_CLEANFID_INCEPTION``
+(clean-fid's ``inception-2015-12-05.pt``; default /tmp, clean-fid's own place) and
+``VARBENCH_CLIP_WEIGHTS``; nothing is downloaded.
+
+``shapes-mjhq`` (tiny world): the same protocol over shapes-scenes. Its six prompt categories are the
+scene grammar's six task types (single_object, two_object, counting, colors, position, color_attr); its
+"dataset" is the first 3,000 scenes of the scene generator's ``ref`` split (500 per category: scene i
+has task i mod 6), each with the prompt it was drawn from, so a category's prompts are the captions
+of its reference images exactly as in MJHQ. Scores: FID in the ``tinyshapes-cnn`` feature space
+(the tiny world's Inception; it takes the 64×64 scenes as they are) per category, overall and their
+mean. No CLIP score: the tiny world has no image–text model.
+
+With the ``fidelity`` setting (``bench.originals``) both add FID* per category, overall and their mean
+(``fid_star_<category>``, ``fid_star``, ``fid_star_mean``: LazyVAR's "FID*" is the overall one, its
+per-category averages the mean), PSNR and SSIM.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+from bench.benches.base import Bench
+from bench.benches.shapes_c2i import feature_files, tiny_feature_weights
+from bench.metrics.mjhq import MJHQ_CATEGORIES, MJHQ_PER_CATEGORY, SHAPES_CATEGORIES
+from bench.registry import BENCHES
+
+SHAPES_PER_CATEGORY = 500
+SHAPES_SPLIT = "ref"
+
+
+class _MJHQBench(Bench):
+    """Conditions are prompts, category-major: the first n/K prompts of each of the K categories."""
+
+    kind = "images"
+    conditions = "prompts"
+    batch_size = 1                     # one prompt per batch: each prompt's seed is its own
+    categories: Tuple[str, ...] = ()
+    per_category = 0
+
+    def __init__(self, fidelity: bool = False):
+        super().__init__(fidelity)
+
+    @classmethod
+    def check_n(cls, n) -> int:
+        K, full = len(cls.categories), cls.default_n
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0 or n % K or n > full:
+            raise ValueError(f"--n {n!r}: {cls.name} takes one image per prompt, the same number from each of its "
+                             f"{K} categories: a positive multiple of {K} up to {full} (the default)")
+        return n
+
+    def prompt_table(self):
+        """DataFrame [id, category, prompt] of every prompt, file (or generator) order."""
+        raise NotImplementedError
+
+    def chosen(self, n: int):
+        from bench.metrics.mjhq import select
+        return select(self.prompt_table(), self.check_n(n) // len(self.categories), self.categories)
+
+    def labels(self, n: int) -> List[str]:   # type: ignore[override]
+        return list(self.chosen(n)["prompt"])
+
+    def label_categories(self, n: int) -> List[str]:
+        """The category of each of the n images (category-major, n/K each)."""
+        return [c for c in self.categories for _ in range(n // len(self.categories))]
+
+    def reference(self) -> Tuple[object, List[str]]:
+        """(reference feature rows [M, D], their categories)."""
+        raise NotImplementedError
+
+    def score(self, feats, labels, seed=0, progress=True) -> Dict[str, dict]:
+        from bench.metrics.mjhq import category_fids
+        n = len(labels)
+        if list(labels) != self.labels(n):
+            raise ValueError(f"{self.name}: the images' prompts are not this bench's prompts in order")
+        ref, ref_cats = self.reference()
+        return category_fids(feats["features"], self.label_categories(n), ref, ref_cats, self.categories)
+
+    def fidelity_metrics(self, feats, original, labels) -> Dict[str, dict]:
+        from bench.metrics.mjhq import category_fids
+        cats = self.label_categories(len(labels))
+        return category_fids(feats["features"], cats, original["features"], cats, self.categories, prefix="fid_star")
+
+
+@lru_cache(maxsize=2)
+def _shapes_reference(weights: str):
+    from bench.data import scenes
+    from bench.metrics.fidelity import extract_features
+    imgs = scenes.generate(len(SHAPES_CATEGORIES) * SHAPES_PER_CATEGORY, SHAPES_SPLIT)[0]
+    cats = [SHAPES_CATEGORIES[i % len(SHAPES_CATEGORIES)] for i in range(len(imgs))]
+    return extract_features(imgs, weights_path=weights, batch_size=64)["features"], cats
+
+
+@BENCHES.register("shapes-mjhq")
+class ShapesMJHQ(_MJHQBench):
+    name, world, model = "shapes-mjhq", "tiny", "tiny-t2i"
+    categories = SHAPES_CATEGORIES
+    per_category = SHAPES_PER_CATEGORY
+    default_n = len(SHAPES_CATEGORIES) * SHAPES_PER_CATEGORY
+    version = 1
+    metrics = ("fid", *(f"fid_{c}" for c in SHAPES_CATEGORIES), "fid_mean")
+    # torch-fidelity's extractor runs in batches of 64: chunks of 256 give every image its batch
+    feature_chunk = 256
+
+    def __init__(self, feature_weights=None, fidelity: bool = False):
+        super().__init__(fidelity)
+        self._feature_weights = feature_weights
+
+    feature_weights = property(lambda self: tiny_feature_weights(self._feature_weights))
+
+    def identity(self) -> Dict[str, object]:
+        return {**super().identity(), "files": feature_files(self.feature_weights)}
+
+    def preflight(self) -> None:
+        feature_files(self.feature_weights)
+
+    def prompt_table(self):
+        import pandas as pd
+
+        from bench.data import scenes
+        n = self.default_n
+        prompts = [scenes.scene(SHAPES_SPLIT, i)[0].prompt for i in range(n)]
+        return pd.DataFrame({"id": [f"{SHAPES_SPLIT}-{i:05d}" for i in range(n)],
+                             "category": [self.categories[i % len(self.categories)] for i in range(n)],
+                             "prompt": prompts})
+
+    def features(self, images_uint8, progress=False):
+        from bench.metrics.fidelity import extract_features
+        return {"features": extract_features(images_uint8, weights_path=self.feature_weights, batch_size=64,
+                                             progress=progress)["features"]}
+
+    def reference(self):
+        return _shapes_reference(self.feature_weights)
+
+
+@lru_cache(maxsize=2)
+def _mjhq_reference(root: str, inception: str, device: str, batch: int):
+    """clean-fid features of every MJHQ-30K image (category by category, file order), read 256 at a time."""
+    import numpy as np
+    import torch
+    from PIL import Image
+    from tqdm.auto import tqdm
+
+    from bench.metrics.mjhq import cleanfid_features, load_cleanfid_inception, read_meta
+    meta = read_meta(Path(root) / "meta_data.json")
+    model = load_cleanfid_inception(inception, device)
+    paths, cats = [], []
+    for c in MJHQ_CATEGORIES:
+        for i in meta.loc[meta["category"] == c, "id"]:
+            paths.append(Path(root) / c / f"{i}.jpg")
+            cats.append(c)
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"MJHQ-30K images missing under {root}: {', '.join(missing[:3])}"
+                                f"{f' (and {len(missing) - 3} more)' if len(missing) > 3 else ''}; unzip "
+                                f"mjhq30k_imgs.zip there (<category>/<id>.jpg)")
+    out = []
+    for s in tqdm(range(0, len(paths), 256), desc="MJHQ-30K reference features"):
+        imgs = [torch.from_numpy(np.array(Image.open(p).convert("RGB"))).permute(2, 0, 1) for p in paths[s:s + 256]]
+        out.append(cleanfid_features(imgs, model, batch, device))
+    return np.concatenate(out), cats
+
+
+@BENCHES.register("mjhq30k")
+class MJHQ30K(_MJHQBench):
+    name, world, model = "mjhq30k", "paper", "infinity-2b"
+    categories = MJHQ_CATEGORIES
+    per_category = MJHQ_PER_CATEGORY
+    default_n = len(MJHQ_CATEGORIES) * MJHQ_PER_CATEGORY
+    version = 1
+    metrics = ("fid", *(f"fid_{c}" for c in MJHQ_CATEGORIES), "fid_mean", "clip_score")
+    batch = 32                       # Inception and CLIP batches; chunks of 256 keep them aligned
+    feature_chunk = 256
+
+    def __init__(self, mjhq_dir=None, inception=None, clip_weights=None, device=None, fidelity: bool = False):
+        import os
+        super().__init__(fidelity)
+        self.mjhq_dir = mjhq_dir or os.environ.get("VARBENCH_MJHQ_DIR")
+        self.inception = inception or os.environ.get("VARBENCH_CLEANFID_INCEPTION")
+        self.clip_weights = clip_weights or os.environ.get("VARBENCH_CLIP_WEIGHTS")
+        self.device = device
+        self._nets = None
+
+    def preflight(self) -> None:
+        from bench.metrics.clip_score import load_openai_clip  # noqa: F401  (open_clip importable)
+        from bench.metrics.mjhq import INCEPTION_FILE
+        if not self.mjhq_dir:
+            raise FileNotFoundError("mjhq30k needs MJHQ-30K: set VARBENCH_MJHQ_DIR to the folder holding meta_data.json "
+                                    "and the unzipped mjhq30k_imgs.zip (<category>/<id>.jpg), from playgroundai/MJHQ-30K")
+        if not (Path(self.mjhq_dir) / "meta_data.json").is_file():
+            raise FileNotFoundError(f"{Path(self.mjhq_dir) / 'meta_data.json'} not found (VARBENCH_MJHQ_DIR): put "
+                                    f"MJHQ-30K's meta_data.json and its unzipped images there")
+        inc = Path(self.inception) if self.inception else Path("/tmp") / INCEPTION_FILE
+        if not (inc / INCEPTION_FILE if inc.is_dir() else inc).is_file():
+            raise FileNotFoundError(f"clean-fid's Inception {inc} not found: set VARBENCH_CLEANFID_INCEPTION to "
+                                    f"{INCEPTION_FILE} (or put it in /tmp, where clean-fid looks)")
+        if not self.clip_weights or not Path(self.clip_weights).is_file():
+            raise FileNotFoundError(f"CLIP weights {self.clip_weights} not found: set VARBENCH_CLIP_WEIGHTS to OpenAI's "
+                                    f"ViT-L-14 weights (ViT-L-14.pt, or open_clip_pytorch_model.bin of "
+                                    f"timm/vit_large_patch14_clip_224.openai)")
+
+    def _device(self) -> str:
+        import torch
+        return self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+    def nets(self):
+        """(clean-fid Inception, CLIP scorer), built once per bench."""
+        if self._nets is None:
+            from bench.metrics.clip_score import ClipScorer
+            from bench.metrics.mjhq import load_cleanfid_inception
+            self.preflight()
+            dev = self._device()
+            self._nets = (load_cleanfid_inception(self.inception, dev),
+                          ClipScorer.from_weights(self.clip_weights, dev, batch_size=self.batch))
+        return self._nets
+
+    def prompt_table(self):
+        from bench.metrics.mjhq import read_meta
+        self.preflight()
+        return read_meta(Path(self.mjhq_dir) / "meta_data.json")
+
+    def features(self, images_uint8, progress=False):
+        import torch
+
+        from bench.metrics.mjhq import cleanfid_features
+        inception, clip = self.nets()
+        return {"features": torch.from_numpy(cleanfid_features(images_uint8, inception, self.batch, self._device())),
+                "clip_image": clip.image_embeddings(images_uint8)}
+
+    def reference(self):
+        return _mjhq_reference(str(self.mjhq_dir), str(self.inception or ""), self._device(), self.batch)
+
+    def score(self, feats, labels, seed=0, progress=True) -> Dict[str, dict]:
+        from bench.metrics.clip_score import clip_score_metric, cosines
+        out = super().score(feats, labels, seed, progress)
+        out["clip_score"] = clip_score_metric(cosines(feats["clip_image"], self.nets()[1].text_embeddings(labels)))
+        return out

@@ -1,0 +1,265 @@
+"""MJHQ-30K and shapes-mjhq: the meta_data.json reader, per-category FID against clean-fid, clean-fid's
+features of in-memory images against its own folder pipeline, the prompts and categories of the
+tiny bench, CLIP score's formula, and the fidelity runs (FID* of a model against itself, the cache
+of the original's outputs reused and resumed)."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from bench.benches import mjhq as mb
+from bench.metrics import mjhq as mm
+from bench.registry import BENCHES
+
+
+def _meta(tmp_path, per=3, bad=None):
+    meta = {}
+    for c in mm.MJHQ_CATEGORIES:
+        for k in range(per):
+            meta[f"{c[:3]}{k:04x}"] = {"category": c, "prompt": f"a {c} picture number {k}"}
+    if bad:
+        meta.update(bad)
+    p = tmp_path / "meta_data.json"
+    p.write_text(json.dumps(meta))
+    return p
+
+
+def test_read_meta_keeps_file_order_and_names_bad_entries(tmp_path):
+    df = mm.read_meta(_meta(tmp_path))
+    assert list(df.columns) == ["id", "category", "prompt"] and len(df) == 30
+    assert df["id"].iloc[0] == "ani0000" and df["category"].iloc[-1] == "vehicles"
+    sel = mm.select(df, 2, mm.MJHQ_CATEGORIES)
+    assert list(sel["category"]) == [c for c in mm.MJHQ_CATEGORIES for _ in range(2)]
+    assert list(sel["prompt"][:2]) == ["a animals picture number 0", "a animals picture number 1"]
+    with pytest.raises(ValueError, match="category animals has 3 prompts, fewer than the 4"):
+        mm.select(df, 4, mm.MJHQ_CATEGORIES)
+    with pytest.raises(ValueError, match="entry 'x1' has category 'cats'"):
+        mm.read_meta(_meta(tmp_path, bad={"x1": {"category": "cats", "prompt": "p"}}))
+    with pytest.raises(ValueError, match="entry 'x2' is not"):
+        mm.read_meta(_meta(tmp_path, bad={"x2": {"category": "art"}}))
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        mm.read_meta(tmp_path / "broken.json")
+    with pytest.raises(FileNotFoundError, match="meta_data.json"):
+        mm.read_meta(tmp_path / "nope" / "meta_data.json")
+
+
+def test_category_fids_are_clean_fid_on_each_category_and_on_all():
+    from cleanfid.fid import fid_from_feats
+
+    from bench.metrics.fidelity import fid_from_features
+    rng = np.random.default_rng(0)
+    cats = ("a", "b", "c")
+    g = rng.normal(size=(90, 8))
+    r = rng.normal(0.3, 1.2, size=(60, 8))
+    gc, rc = [c for c in cats for _ in range(30)], [c for c in cats for _ in range(20)]
+    out = mm.category_fids(g, gc, r, rc, cats)
+    assert out["fid"]["value"] == pytest.approx(fid_from_feats(g, r), rel=1e-12)
+    for k, c in enumerate(cats):
+        want = fid_from_feats(g[30 * k:30 * k + 30], r[20 * k:20 * k + 20])
+        assert out[f"fid_{c}"]["value"] == pytest.approx(want, rel=1e-12)
+        assert out[f"fid_{c}"]["n"] == 30
+    assert out["fid_mean"]["value"] == pytest.approx(np.mean([out[f"fid_{c}"]["value"] for c in cats]))
+    # our FID (torch-fidelity's statistics and square root) agrees with clean-fid on the same features
+    assert fid_from_features(torch.from_numpy(g), torch.from_numpy(r)) == pytest.approx(fid_from_feats(g, r), rel=1e-6)
+    with pytest.raises(ValueError, match="at least 2 images"):
+        mm.category_fids(g, gc, r[:41], rc[:41], cats)
+    with pytest.raises(ValueError, match="categories"):
+        mm.category_fids(g, gc[:-1], r, rc, cats)
+
+
+class _TinyNet(torch.nn.Module):
+    """A stand-in for clean-fid's Inception: float [B, 3, 299, 299] in [0, 255] → [B, 16]."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 16, 7, stride=5)
+
+    def forward(self, x):
+        return self.conv((x - 128) / 128).relu().mean((2, 3))
+
+
+def test_cleanfid_features_of_tensors_equal_clean_fids_folder_pipeline(tmp_path):
+    from cleanfid.fid import get_folder_features
+    from PIL import Image
+    g = torch.Generator().manual_seed(1)
+    imgs = torch.randint(0, 256, (5, 3, 40, 56), generator=g, dtype=torch.uint8)
+    for i, im in enumerate(imgs):
+        Image.fromarray(im.permute(1, 2, 0).numpy()).save(tmp_path / f"{i:03d}.png")
+    net = _TinyNet().eval()
+    ref = get_folder_features(str(tmp_path), model=net, num_workers=0, batch_size=2, device=torch.device("cpu"),
+                              mode="clean", verbose=False)
+    ours = mm.cleanfid_features(imgs, net, batch_size=2)
+    assert ours.shape == ref.shape == (5, 16)
+    assert np.array_equal(ours, ref)
+    ours_list = mm.cleanfid_features(list(imgs), net, batch_size=3)     # a list of images, other batches
+    assert np.allclose(ours_list, ref, atol=1e-5)
+
+
+def test_cleanfid_inception_missing_names_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="inception-2015-12-05.pt.*VARBENCH_CLEANFID_INCEPTION"):
+        mm.load_cleanfid_inception(str(tmp_path))
+
+
+def test_shapes_mjhq_prompts_are_the_reference_scenes_captions():
+    from bench.data import scenes
+    assert mm.SHAPES_CATEGORIES == scenes.TASKS
+    b = BENCHES.get("shapes-mjhq")()
+    assert b.default_n == 3000 and b.batch_size == 1 and b.conditions == "prompts"
+    labels = b.labels(12)
+    _, prompts, specs, _ = scenes.generate(12, "ref")
+    # category-major: the first 2 prompts of each task are scenes k·6 + task index, k = 0, 1
+    want = [prompts[6 * k + t] for t in range(6) for k in range(2)]
+    assert labels == want
+    assert b.label_categories(12) == [c for c in scenes.TASKS for _ in range(2)]
+    assert [s.task for s in specs[:6]] == list(scenes.TASKS)
+    for bad in (0, 7, 3006, 2.0, True):
+        with pytest.raises(ValueError, match="multiple of 6 up to 3000"):
+            b.check_n(bad)
+
+
+def test_fidelity_is_a_setting_of_feature_benches_only():
+    from bench.plan import make_spec
+    spec = make_spec("tiny-t2i", (), bench="shapes-mjhq", n=12, bench_args={"fidelity": True})
+    assert spec.protocol["fidelity"] is True
+    plain = make_spec("tiny-t2i", (), bench="shapes-mjhq", n=12)
+    assert "fidelity" not in plain.protocol and plain.key() != spec.key()
+    assert BENCHES.get("shapes-mjhq").args_from_protocol(spec.protocol) == {"fidelity": True}
+    with pytest.raises(ValueError, match="no feature rows.*shapes-mjhq"):
+        make_spec("tiny-t2i", (), bench="shapes-geneval", n=8, bench_args={"fidelity": True})
+    with pytest.raises(ValueError, match="true or false"):
+        BENCHES.get("shapes-mjhq")(fidelity="yes")
+
+
+def test_clip_score_formula():
+    from bench.metrics.clip_score import clip_score_metric, cosines
+    a = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]]), dim=-1)
+    t = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]]), dim=-1)
+    cos = cosines(a, t)
+    assert np.allclose(cos, [1.0, 0.6, 0.0])
+    m = clip_score_metric(cos)
+    assert m["value"] == pytest.approx(100 * 1.6 / 3) and m["n"] == 3     # the raw mean ×100, not clamped
+    assert clip_score_metric(np.array([-0.2, -0.1]))["value"] == pytest.approx(-15.0)
+    with pytest.raises(ValueError, match="pairs images with their prompts"):
+        cosines(a, t[:2])
+    from bench.metrics.clip_score import load_openai_clip
+    with pytest.raises(FileNotFoundError, match="VARBENCH_CLIP_WEIGHTS"):
+        load_openai_clip("/nonexistent/ViT-L-14.pt")
+
+
+def test_mjhq30k_preflight_names_what_is_missing(tmp_path, monkeypatch):
+    for v in ("VARBENCH_MJHQ_DIR", "VARBENCH_CLEANFID_INCEPTION", "VARBENCH_CLIP_WEIGHTS"):
+        monkeypatch.delenv(v, raising=False)
+    with pytest.raises(FileNotFoundError, match="VARBENCH_MJHQ_DIR"):
+        BENCHES.get("mjhq30k")().preflight()
+    with pytest.raises(FileNotFoundError, match="meta_data.json"):
+        BENCHES.get("mjhq30k")(mjhq_dir=str(tmp_path)).preflight()
+    _meta(tmp_path)
+    with pytest.raises(FileNotFoundError, match="VARBENCH_CLEANFID_INCEPTION"):
+        BENCHES.get("mjhq30k")(mjhq_dir=str(tmp_path), inception=str(tmp_path / "x.pt")).preflight()
+    (tmp_path / "inception-2015-12-05.pt").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="VARBENCH_CLIP_WEIGHTS"):
+        BENCHES.get("mjhq30k")(mjhq_dir=str(tmp_path), inception=str(tmp_path)).preflight()
+
+
+class _FakeClip(torch.nn.Module):
+    """encode_image / encode_text of a CLIP-shaped toy (8-dim embeddings)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.img = torch.nn.Linear(3, 8)
+        self.txt = torch.nn.Embedding(300, 8)
+
+    def encode_image(self, x):
+        return self.img(x.mean((2, 3)))
+
+    def encode_text(self, t):
+        return self.txt(t).mean(1)
+
+
+def test_mjhq30k_scores_per_category_and_clip(tmp_path, monkeypatch):
+    """The paper bench end to end on a fake MJHQ folder (3 images per category), with stand-ins for
+    Inception and CLIP: every category's FID and the overall FID are clean-fid's on the same features."""
+    from cleanfid.fid import fid_from_feats
+    from PIL import Image
+
+    from bench.metrics.clip_score import ClipScorer
+    _meta(tmp_path)
+    rng = np.random.default_rng(0)
+    for c in mm.MJHQ_CATEGORIES:
+        (tmp_path / c).mkdir()
+        for k in range(3):
+            Image.fromarray(rng.integers(0, 256, (48, 48, 3), dtype=np.uint8)).save(tmp_path / c / f"{c[:3]}{k:04x}.jpg")
+    net = _TinyNet().eval()
+    monkeypatch.setattr(mm, "load_cleanfid_inception", lambda path=None, device="cpu": net)
+    b = BENCHES.get("mjhq30k")(mjhq_dir=str(tmp_path), inception=str(tmp_path), clip_weights="unused", device="cpu")
+    b.preflight = lambda: None
+
+    def preprocess(pil):
+        return torch.from_numpy(np.asarray(pil.resize((16, 16)), dtype=np.float32) / 255).permute(2, 0, 1)
+
+    scorer = ClipScorer(_FakeClip().eval(), preprocess, lambda ps: torch.tensor([[ord(ch) % 300 for ch in p[:8]] for p in ps]))
+    b._nets = (net, scorer)
+    mb._mjhq_reference.cache_clear()
+    labels = b.labels(20)
+    assert labels[:2] == ["a animals picture number 0", "a animals picture number 1"] and len(labels) == 20
+    imgs = torch.from_numpy(rng.integers(0, 256, (20, 3, 32, 32), dtype=np.uint8))
+    m = b.score(b.features(imgs), labels)
+    ref, ref_cats = b.reference()
+    assert len(ref) == 30 and ref_cats[:3] == ["animals"] * 3
+    gen = mm.cleanfid_features(imgs, net)
+    assert m["fid"]["value"] == pytest.approx(fid_from_feats(gen, ref), rel=1e-9)
+    assert m["fid_people"]["value"] == pytest.approx(fid_from_feats(gen[14:16], ref[21:24]), rel=1e-9)
+    cos = (scorer.image_embeddings(imgs) * scorer.text_embeddings(labels)).sum(-1)
+    assert m["clip_score"]["value"] == pytest.approx(100 * cos.double().mean().item(), rel=1e-6)
+    mb._mjhq_reference.cache_clear()
+
+
+@pytest.fixture
+def counted_generate(monkeypatch):
+    """Counts the tiny-t2i batches sampled (the original's and the run's)."""
+    from bench.models.t2i import T2IGenerator
+    calls = []
+    orig = T2IGenerator.generate
+
+    def generate(self, prompts, seed=0, **kw):
+        calls.append(seed)
+        return orig(self, prompts, seed=seed, **kw)
+    monkeypatch.setattr(T2IGenerator, "generate", generate)
+    return calls
+
+
+def test_fid_star_of_the_model_against_itself_and_the_cache(tmp_path, counted_generate):
+    from bench import originals
+    from bench.plan import make_spec
+    from bench.runner import run
+    spec = make_spec("tiny-t2i", (), bench="shapes-mjhq", n=12, bench_args={"fidelity": True})
+    rec = run(spec, root=tmp_path, progress=False)
+    m = rec["metrics"]
+    assert abs(m["fid_star"]["value"]) < 1e-4 and abs(m["fid_star_position"]["value"]) < 1e-4
+    assert m["psnr"]["value"] == 100.0 and m["ssim"]["value"] == pytest.approx(1.0, abs=1e-9)
+    assert len(counted_generate) == 24            # 12 prompts for the original, 12 for the run, one each
+    d = originals.folder(spec, tmp_path)
+    assert (d / "done.json").is_file() and len(list((d / "images").glob("*.png"))) == 12
+    # a method run reuses the cache: only its own 12 batches are sampled
+    counted_generate.clear()
+    spec2 = make_spec("tiny-t2i", "stepvar", bench="shapes-mjhq", n=12, bench_args={"fidelity": True})
+    assert originals.folder(spec2, tmp_path) == d
+    m2 = run(spec2, root=tmp_path, progress=False)["metrics"]
+    assert len(counted_generate) == 12
+    assert m2["fid_star"]["value"] > 1e-3 and m2["psnr"]["value"] < 100
+    # a partial cache resumes: one image and the done mark gone → one batch sampled again, same features
+    feats = torch.load(d / "features.pt")
+    (d / "done.json").unlink()
+    (d / "images" / "000005.png").unlink()
+    counted_generate.clear()
+    from bench.registry import MODELS
+    from bench.runner import sample_features
+    bench = BENCHES.get("shapes-mjhq")()
+    again = originals.ensure(spec2, bench, bench.labels(12), lambda: MODELS.get("tiny-t2i")().eval(), sample_features,
+                             tmp_path, progress=False)
+    assert counted_generate == [BENCHES.get("shapes-mjhq").batch_seed(0, 5)]
+    assert torch.equal(again["features"], feats["features"])
