@@ -483,7 +483,7 @@ def _check_table_bars(spec, where):
     except KeyError as e:   # UnknownNameError: "did you mean"
         raise FigureSpecError(f"{where}: table: {e}") from None
     _check_metric(spec.get("y"), where)
-    metrics = sorted({c.metric for c in table.columns if not c.relative})
+    metrics = sorted({m for c in table.columns if not c.relative for m in [c.metric, *(pm for pm, _ in c.per_world.values())]})
     if spec["y"] not in metrics:
         raise FigureSpecError(f"{where}: table {table.name} has no column of metric {spec['y']!r}; its metrics: "
                               f"{', '.join(metrics)}")

@@ -1,8 +1,10 @@
 """The latency bench: one full generation timed end to end, as a record.
 
 Protocol (``bench.benches.latency.LatencyBench``, protocol version 1): the generator with its method chain installed
-generates ``batch`` class-conditional images (labels 0, 1, … mod the class count), every scale, CFG on
-(the model's sampling defaults), VQVAE decode and uint8 conversion included, ``warmup`` untimed
+generates ``batch`` class-conditional images (labels 0, 1, … mod the class count) — text-to-image
+models: images of the first ``batch`` prompts of the world's GenEval bench (``shapes-geneval``,
+``geneval``), the text encoder included in the time — every scale, CFG on (the model's sampling
+defaults), VQVAE decode and uint8 conversion included, ``warmup`` untimed
 generations first. Then ``reps`` timed generations; with several configurations (``--method`` given
 more than once) the configurations are alternated within each repetition, in an order rotated
 every repetition, so that a drift in the machine's speed hits all of them alike. CPU threads are set
@@ -122,11 +124,11 @@ def install_compile(gen) -> None:
     at every scale is its own specialisation (static shapes), so dynamo's recompile limit (default 8)
     is raised to blocks × scales: past the limit it would silently run the rest eagerly."""
     import torch._dynamo
-    need = len(gen.var.blocks) * len(gen.patch_nums) + 8
+    need = len(gen.blocks) * len(gen.scales_hw) + 8
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), need))
-    for b in gen.var.blocks:
+    for b in gen.blocks:
         b.compile()
 
 
@@ -134,7 +136,6 @@ def per_scale(cfg: Config, timer: Timer, seed: int, reps: int) -> Dict[str, obje
     """Median per-scale times (ms) over ``reps`` synchronised generations."""
     import torch
 
-    from bench.models.generator import to_uint8
     from bench.models.heap import reuse_heap
     rows: List[List[float]] = []
     decode: List[float] = []
@@ -151,7 +152,7 @@ def per_scale(cfg: Config, timer: Timer, seed: int, reps: int) -> Dict[str, obje
             _, f_hat = cfg.gen.sample_tokens(cfg.labels, seed=seed + r, logits_hook=hook, **cfg.sampling)
             timer.sync()
             t1 = time.perf_counter()
-            to_uint8(cfg.gen.vae.fhat_to_img(f_hat).add_(1).mul_(0.5))
+            cfg.gen.decode_uint8(f_hat)
             timer.sync()
         decode.append(time.perf_counter() - t1)
         rows.append(list(np.diff([t0] + stamps)))
@@ -205,11 +206,32 @@ def thread_info() -> Dict[str, object]:
 
 
 # ------------------------------------------------------------------------------------------ runs → records
+PROMPT_BENCH = {"tiny": "shapes-geneval", "paper": "geneval"}   # text-to-image models: whose prompts are timed
+
+
+def latency_conditions(spec, card, batch: int):
+    """What the timed generations are conditioned on: classes 0, 1, … mod the class count, or the first
+    ``batch`` prompts (cycled) of the world's GenEval bench for text-to-image models."""
+    import torch
+
+    from bench.plan import CONDITIONS
+    from bench.registry import BENCHES
+    if CONDITIONS[getattr(card, "kind", "c2i")] == "prompts":
+        rows = BENCHES.get(PROMPT_BENCH[spec.world])().rows()
+        return [rows[i % len(rows)]["prompt"] for i in range(batch)]
+    return torch.arange(batch) % card.var_cfg.num_classes
+
+
 def latency_specs(model: str, chains: Sequence[str], reps: int, seed: int, setting: Dict[str, object],
                   world: Optional[str] = None, ckpt_dir=None, random_weights: bool = False,
                   sampling: Optional[dict] = None):
     """One checked RunSpec per method chain (``bench = "latency"``, the setting in the protocol)."""
     from bench.plan import RANDOM_CKPT, make_spec
+    from bench.registry import MODELS
+    kind = getattr(MODELS.get(model), "kind", "c2i")
+    if setting.get("device") == "coreml" and kind != "c2i":
+        raise ValueError(f"--device coreml: the Core ML export covers the class-conditional VAR models; {model} is a "
+                         f"{kind} model (time it with --device cpu or cuda)")
     specs = []
     for chain in chains:
         spec = make_spec(model, chain, bench="latency", n=reps, seed=seed, sampling=sampling, world=world,
@@ -235,7 +257,7 @@ def run_latency(specs, root=None, ckpt_dir=None, force: bool = False, progress: 
 def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_reps: int) -> List[dict]:
     import torch
 
-    from bench.accounting import count_params, sampling_flops
+    from bench.accounting import model_cost
     from bench.records import find_record, make_record, write_record
     from bench.registry import MODELS
     from bench.runner import preflight, prepared_generator
@@ -257,7 +279,7 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_r
     try:
         for spec in specs:
             card = MODELS.get(spec.model)
-            labels = torch.arange(batch) % card.var_cfg.num_classes
+            labels = latency_conditions(spec, card, batch)
             if coreml:   # one package per chain, run under each compute-unit setting
                 from bench.coreml import CoreMLGenerator, export, op_counts, placement, total_ops
                 chain = tuple(spec.methods)
@@ -282,7 +304,7 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_r
                 gens_cost[spec.key()] = (torch_gen, ctx.notes)
             else:
                 gen, ctx, timings[spec.key()] = prepared_generator(spec, device, ckpt_dir, progress)
-                labels = labels.to(device)
+                labels = labels.to(device) if isinstance(labels, torch.Tensor) else labels
                 gens_cost[spec.key()] = (gen, ctx.notes)
             configs.append(Config(label=spec.key(), gen=gen, labels=labels, sampling=dict(spec.sampling)))
         t = time.perf_counter()
@@ -307,8 +329,8 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_r
                    "images_per_s": {"value": batch * 1e3 / lat["value"], "n": lat["n"],
                                     "ci95": [batch * 1e3 / lat["ci95"][1], batch * 1e3 / lat["ci95"][0]]},
                    "peak_mem_mb": {"value": r["peak_mem_mb"], "n": lat["n"], "kind": r["peak_mem_kind"]}}
-        cost = {"params": count_params(gen.var), "tokenizer_params": count_params(gen.vae),
-                "flops": sampling_flops(gen, **spec.sampling), "batch": batch, "device": device,
+        cost = {**{k: v for k, v in model_cost(gen, spec.sampling).items() if v is not None},
+                "batch": batch, "device": device,
                 "per_scale_ms": r["breakdown"]["scale_ms"], "decode_ms": r["breakdown"]["decode_ms"],
                 "breakdown_n": r["breakdown"]["n"], "threads": thread_info()}
         if r["compile_s"] is not None:

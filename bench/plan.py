@@ -27,6 +27,10 @@ DEFAULT_BENCH = {"paper": "imagenet256", "tiny": "shapes-c2i"}
 CONDITIONS = {"c2i": "classes", "t2i": "prompts"}
 
 
+class NotRunnable(ValueError):
+    """The model cannot be run by the runner (a table shows the cell empty with this reason)."""
+
+
 def requested_chain(methods: str | Sequence[str] | None) -> List[str]:
     """The chain as typed, canonical spelling, ``dense`` dropped (names checked, with suggestions)."""
     chain = [canonical_method(m) for m in parse_chain(methods)]
@@ -56,10 +60,10 @@ def make_spec(model: str, methods: str | Sequence[str] | None = (), bench: Optio
                          f"bench {bench_name} is {bench_cls.world}-world")
     kind = getattr(card, "kind", "c2i")
     if kind not in CONDITIONS:
-        raise ValueError(f"model {model} ({kind}) cannot be run by the runner yet: its generator takes text-model "
+        raise NotRunnable(f"model {model} ({kind}) cannot be run by the runner yet: its generator takes text-model "
                          f"states, not prompts; `varbench info {model}` gives its weight-free accounting")
     takes = CONDITIONS[kind]
-    if bench_cls.conditions != takes:
+    if bench_cls.conditions not in (takes, "any"):
         fits = sorted(b for b in BENCHES.names()
                       if BENCHES.get(b).conditions == takes and BENCHES.get(b).kind == "images")
         raise ValueError(f"bench {bench_name} is conditioned on {bench_cls.conditions}, model {model} on {takes}"
@@ -171,10 +175,14 @@ def table_cells(table, world: str, n: Optional[int] = None, seed: int = 0,
                 cells.append(Cell(row.label, gi, reason=f"not computed: method(s) {', '.join(sorted(set(missing)))} "
                                                         f"not implemented in varbench yet"))
                 continue
-            cells.append(Cell(row.label, gi, make_spec(model, chain, bench=bench_name, n=n, seed=seed,
-                                                       bench_args={**group.bench_args.get(world, {}), **row.bench_args},
-                                                       sampling=sampling, world=world, ckpt_dir=ckpt_dir,
-                                                       need_ckpt=need_ckpt)))
+            try:
+                spec = make_spec(model, chain, bench=bench_name, n=n, seed=seed,
+                                 bench_args={**group.bench_args.get(world, {}), **row.bench_args},
+                                 sampling=sampling, world=world, ckpt_dir=ckpt_dir, need_ckpt=need_ckpt)
+            except NotRunnable as e:
+                cells.append(Cell(row.label, gi, reason=f"not computed: {e}".split(";")[0]))
+                continue
+            cells.append(Cell(row.label, gi, spec))
     return cells
 
 

@@ -32,9 +32,10 @@ Spec format
         setting: tf40                                # optional: default is ["{method}"]
         columns:
           - id: tf40_fid          # unique; the key of the paper numbers
-            metric: fid           # looked up in record.metrics, then record.cost
+            metric: fid           # looked up in record.metrics, then record.cost; per world where the
+                                  # worlds' benches differ: {paper: fid_people, tiny: fid_position}
             format: "{:.2f}"      # str.format of ours, its stderr and the paper number
-            header: FID           # optional: default from the metric name
+            header: FID           # optional: default from the metric name (per world, like metric)
             scale: 1.0e-6         # optional: multiply ours (e.g. params -> millions)
             better: lower         # optional: lower | higher | none; default from the metric
             relative: speedup     # optional: speedup (ref/ours) | ratio (ours/ref) | delta (ours-ref)
@@ -51,6 +52,8 @@ Spec format
     rows:                         # one of method / methods / paper_only per row
       - {label: Dense, methods: [], note: "A footnote for this row."}   # fixed chain, all groups
       - {label: SlimGPT, method: slimgpt}            # substituted into each group's setting
+      - {label: K2, method: {paper: "lazyvar:keep=0.4/0.2/0.1/0.02", tiny: "lazyvar:keep=0.4/0.2/0.1"}}
+                                                     # a method per world (the tiny model's scale list)
       - {label: VAR-d20, model: {paper: var-d20}, methods: []}  # own model; none in tiny -> no run
       - {label: LlamaGen-L, paper_only: true, info: {type: AR}}  # never run: not a varbench model
       - {label: Dense, methods: [], rank: false}     # rank: false leaves the row out of Kendall's tau
@@ -134,6 +137,14 @@ class Column:
     better: Optional[str]  # "lower" | "higher" | None
     group: int             # index into TableSpec.groups
     relative: Optional[str] = None   # speedup | ratio | delta: derived from the reference row
+    per_world: Dict[str, Tuple[str, str]] = dataclasses.field(default_factory=dict)   # world -> (metric, header)
+
+    def in_world(self, world: str) -> "Column":
+        """This column as the world's table shows it (its metric and header there)."""
+        if world not in self.per_world:
+            return self
+        metric, header = self.per_world[world]
+        return dataclasses.replace(self, metric=metric, header=header, per_world={})
 
     @property
     def arrow(self) -> str:
@@ -170,6 +181,7 @@ class Row:
     info: Dict[str, Any] = dataclasses.field(default_factory=dict)
     rank: bool = True                          # counted in the Kendall tau against the paper
     bench_args: Dict[str, Any] = dataclasses.field(default_factory=dict)   # the bench's setting for this row
+    method_by_world: Dict[str, str] = dataclasses.field(default_factory=dict)  # method per world, where it differs
 
 
 def _keys(d: Any, allowed: Iterable[str], required: Iterable[str], where: str) -> dict:
@@ -239,6 +251,11 @@ class TableSpec:
     def columns(self) -> Tuple[Column, ...]:
         return tuple(c for g in self.groups for c in g.columns)
 
+    def in_world(self, world: str) -> "TableSpec":
+        """The spec with every column's metric and header as ``world`` shows them."""
+        groups = tuple(dataclasses.replace(g, columns=tuple(c.in_world(world) for c in g.columns)) for g in self.groups)
+        return dataclasses.replace(self, groups=groups)
+
     def row(self, label: str) -> Row:
         for r in self.rows:
             if r.label == label:
@@ -266,7 +283,8 @@ class TableSpec:
 
     def chain(self, row: Row, group: Group, world: Optional[str] = None) -> Tuple[str, ...]:
         """The method chain of ``row`` in column group ``group`` (with ``world``'s ``world_params``)."""
-        chain = row.methods if row.methods is not None else expand_chain(group.chain, row.method)
+        method = row.method_by_world.get(world or "", row.method)
+        chain = row.methods if row.methods is not None else expand_chain(group.chain, method)
         extra = self.world_params.get(world or "", {})
         if not extra:
             return chain
@@ -300,6 +318,20 @@ class TableSpec:
 
 def _parse_column(c: Any, group: int, where: str) -> Column:
     c = _keys(c, ("id", "metric", "header", "format", "scale", "better", "relative"), ("id", "metric"), where)
+    per_world: Dict[str, Tuple[str, str]] = {}
+    if isinstance(c["metric"], dict):    # per world: {paper: m, tiny: m'}; the first is the column's own
+        metrics = _keys(c["metric"], ("paper", "tiny"), (), f"{where}: metric")
+        if not metrics:
+            raise TableSpecError(f"{where}: metric per world needs at least one of paper, tiny")
+        headers = c.get("header") if isinstance(c.get("header"), dict) else {}
+        rel = c.get("relative")
+        for w, m in metrics.items():
+            h = metric_info(str(m), where).header
+            per_world[w] = (str(m), str(headers.get(w, h if rel not in RELATIVE else f"{h} {RELATIVE[rel][0]}")))
+        c = {k: v for k, v in c.items() if k != "header" or not isinstance(v, dict)}
+        c["metric"] = per_world[next(iter(metrics))][0]
+    elif isinstance(c.get("header"), dict):
+        raise TableSpecError(f"{where}: a header per world needs a metric per world")
     metric = str(c["metric"])
     info = metric_info(metric, where)
     relative = c.get("relative")
@@ -320,8 +352,13 @@ def _parse_column(c: Any, group: int, where: str) -> Column:
         except (ValueError, IndexError, KeyError) as e:
             raise TableSpecError(f"{where}: bad format {fmt!r}: {e}") from None
     header = c.get("header", info.header if relative is None else f"{info.header} {RELATIVE[relative][0]}")
-    return Column(id=str(c["id"]), metric=metric, header=str(header), format=fmt, scale=float(c.get("scale", 1.0)),
-                  better=better, group=group, relative=relative)
+    col = Column(id=str(c["id"]), metric=metric, header=str(header), format=fmt, scale=float(c.get("scale", 1.0)),
+                 better=better, group=group, relative=relative, per_world=per_world)
+    if per_world:
+        if any(metric_info(m, where).better != info.better for m, _ in per_world.values()):
+            raise TableSpecError(f"{where}: the metrics per world must have the same direction (better)")
+        col = dataclasses.replace(col, header=per_world[next(iter(per_world))][1])
+    return col
 
 
 def _parse_row(r: Any, where: str) -> Row:
@@ -336,9 +373,14 @@ def _parse_row(r: Any, where: str) -> Row:
             items = methods if isinstance(methods, list) else [methods]
             methods = tuple(m for m in (format_method(*parse_method(x)) for x in (parse_chain(items) if items else []))
                             if m != "dense")
-        method = r.get("method")
-        if method is not None:
-            parse_method(method)
+        method, by_world = r.get("method"), {}
+        if isinstance(method, dict):   # per world: {paper: "lazyvar:keep=…", tiny: "lazyvar:keep=…"}
+            by_world = {str(w): str(m) for w, m in _keys(method, ("paper", "tiny"), (), f"{where}: method").items()}
+            if not by_world:
+                raise TableSpecError(f"{where}: method per world needs at least one of paper, tiny")
+            method = next(iter(by_world.values()))
+        for m in ([method] if method is not None else []) + list(by_world.values()):
+            parse_method(m)
     except ValueError as e:
         raise TableSpecError(f"{where}: {e}") from None
     model = r.get("model")
@@ -350,7 +392,7 @@ def _parse_row(r: Any, where: str) -> Row:
                              f"bench's device and compute_units)")
     return Row(label=str(r["label"]), method=method, methods=methods, paper_only=bool(r.get("paper_only")),
                model=model, note=r.get("note"), info=dict(r.get("info") or {}), rank=bool(r.get("rank", True)),
-               bench_args=dict(bench_args))
+               bench_args=dict(bench_args), method_by_world=by_world)
 
 
 def parse_spec(data: Any, name: str, path: Optional[Path] = None) -> TableSpec:
@@ -531,6 +573,7 @@ def build_table(spec: TableSpec, world: str, cells: Sequence[Any], found: Mappin
     the params/FLOPs columns of cells that have no run record (footnoted).
     """
     from bench.records import WEIGHT_FREE_METRICS, accounting_key
+    spec = spec.in_world(world)
     accounting = accounting or {}
     row_notes = dict(row_notes or {})
     stale = stale or {}

@@ -175,7 +175,11 @@ class FastVAR(TokenMethod):
         if len(drop) >= K:
             raise SpecError(f"fastvar: drop={self.drop} prunes {len(drop)} scales but the model has {K}: "
                              f"at least one dense scale must come first (the cache scale)")
-        layer_ids = parse_layers(PRESETS[preset][1] if self.layers == "auto" else self.layers, len(blocks))
+        try:
+            layer_ids = parse_layers(PRESETS[preset][1] if self.layers == "auto" else self.layers, len(blocks))
+        except SpecError as e:
+            raise SpecError(f"fastvar ({preset} schedule): {e} (a model of {len(blocks)} blocks and {K} scales; "
+                            f"give layers=all or layers=a:b, or schedule=var: the last two scales, all blocks)") from None
         drop_by_scale = {K - len(drop) + i: r for i, r in enumerate(drop)}
         return drop_by_scale, K - len(drop) - 1, layer_ids, preset
 

@@ -52,8 +52,6 @@ class _Logged:
 
     def __init__(self, name, log):
         self.name, self.log = name, log
-        self.vae = self
-        self.var = torch.nn.Module()
 
     def generate(self, labels, seed=0, **kw):
         self.log.append(self.name)
@@ -64,8 +62,8 @@ class _Logged:
             logits_hook(si, None)
         return [], torch.zeros(1, 1, 1, 1)
 
-    def fhat_to_img(self, f):
-        return f
+    def decode_uint8(self, f):
+        return f.to(torch.uint8)
 
 
 def test_configurations_are_alternated_in_rotated_order():
@@ -166,3 +164,35 @@ def test_the_runner_runs_a_latency_spec_as_the_latency_bench(tmp_path):
     rec = run(spec, root=tmp_path, progress=False)
     assert rec["spec"]["bench"] == "latency" and rec["metrics"]["latency_ms"]["n"] == 3
     assert read_record(spec.path(tmp_path))["run_id"] == spec.key()
+
+
+@pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
+def test_text_to_image_models_are_timed_on_the_worlds_geneval_prompts(tmp_path, capsys, monkeypatch):
+    """tiny-t2i: the timed generations are conditioned on shapes-geneval's first prompts (the text encoder
+    inside the time); the record carries the text-to-image costs; Core ML is refused for it."""
+    from bench.benches.geneval import shapes_metadata
+    from bench.latency import latency_conditions, latency_specs
+    from bench.models.t2i import T2IGenerator
+    from bench.registry import MODELS
+    (spec,) = latency_specs("tiny-t2i", ["dense"], 3, 0, dict(device="cpu", batch=2, threads=1, compile=False,
+                                                               warmup=1))
+    rows = shapes_metadata()
+    assert latency_conditions(spec, MODELS.get("tiny-t2i"), 2) == [rows[0]["prompt"], rows[1]["prompt"]]
+    seen = []
+    orig = T2IGenerator.generate
+
+    def generate(self, prompts, seed=0, **kw):
+        seen.append(list(prompts))
+        return orig(self, prompts, seed=seed, **kw)
+    monkeypatch.setattr(T2IGenerator, "generate", generate)
+    argv = ["latency", "--model", "tiny-t2i", "--reps", "3", "--warmup", "1", "--threads", "1", "--batch", "2",
+            "--quiet", "--results", str(tmp_path)]
+    assert main(argv) == 0
+    assert seen and all(p == [rows[0]["prompt"], rows[1]["prompt"]] for p in seen)
+    (path,) = tmp_path.glob("tiny/tiny-t2i/latency/*.json")
+    rec = read_record(path)
+    assert rec["cost"]["text_encoder_params"] > 0 and rec["cost"]["flops"] > rec["cost"]["flops_no_cfg"]
+    assert len(rec["cost"]["per_scale_ms"]) == len(MODELS.get("tiny-t2i")().schedule)
+    with pytest.raises(ValueError, match="class-conditional VAR models"):
+        latency_specs("tiny-t2i", ["dense"], 3, 0, dict(device="coreml", batch=1, threads=None, compile=False,
+                                                         warmup=1, compute_units="ALL", precision="fp16"))

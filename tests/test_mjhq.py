@@ -263,3 +263,13 @@ def test_fid_star_of_the_model_against_itself_and_the_cache(tmp_path, counted_ge
                              tmp_path, progress=False)
     assert counted_generate == [BENCHES.get("shapes-mjhq").batch_seed(0, 5)]
     assert torch.equal(again["features"], feats["features"])
+
+
+def test_fidelity_on_a_class_conditional_bench(tmp_path):
+    """shapes-c2i takes the setting too: FID* over all images (no categories), PSNR and SSIM."""
+    from bench.plan import make_spec
+    from bench.runner import run
+    m = run(make_spec("tiny-var", (), bench="shapes-c2i", n=24, bench_args={"fidelity": True}),
+            root=tmp_path, progress=False)["metrics"]
+    assert abs(m["fid_star"]["value"]) < 1e-4 and m["psnr"]["value"] == 100.0 and m["ssim"]["n"] == 24
+    assert not any(k.startswith("fid_star_") for k in m) and "fid" in m

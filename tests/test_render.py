@@ -43,9 +43,9 @@ def test_every_spec_loads_plans_and_renders_with_aligned_rows(name, tmp_path):
         assert (c.spec is None) != (c.reason is None)   # a run, or the reason it has none
     specs = unique_specs(cells)
     assert len({s.key() for s in specs}) == len(specs)
-    assert all((s.world, s.model) == ("tiny", "tiny-var") for s in specs)
+    assert all(s.world == "tiny" and s.model in ("tiny-var", "tiny-t2i") for s in specs)
     assert all(c.spec.bench == t.bench_for("tiny", t.groups[c.group]) for c in cells if c.spec is not None)
-    assert set(t.benches("tiny")) <= {"shapes-c2i", "latency"}
+    assert set(t.benches("tiny")) <= {"shapes-c2i", "latency", "shapes-geneval", "shapes-mjhq"}
     out = render(t, "tiny", cells, {}, out_dir=tmp_path)
     lines = [ln for ln in out["md"].splitlines() if ln.startswith("|")]
     assert len(lines) == 2 + len(t.rows) and len({len(ln) for ln in lines}) == 1, "ragged Markdown table"
@@ -396,3 +396,51 @@ def test_the_table_command_times_a_tables_latency_cells_together(tmp_path, monke
     main(["table", "stepvar-table1", "--results", str(tmp_path / "r"), "--out", str(tmp_path / "o"), "--quiet"])
     assert len(timed) == 1 and len(timed[0]) == 4 and all("@ latency" in t for t in timed[0])
     assert len(ran) == 4 and all("@ shapes-c2i" in r for r in ran)
+
+
+def test_a_column_may_show_another_metric_per_world(tmp_path):
+    """metric/header per world: the tiny world's stand-in category beside the paper's."""
+    spec = parse_spec({
+        "title": "t", "model": {"paper": "infinity-2b", "tiny": "tiny-t2i"},
+        "bench": {"paper": "mjhq30k", "tiny": "shapes-mjhq"}, "groups": [{"columns": [
+            {"id": "cat", "metric": {"paper": "fid_people", "tiny": "fid_position"},
+             "header": {"tiny": "position FID"}, "format": "{:.2f}"},
+            {"id": "d", "metric": {"paper": "fid_people", "tiny": "fid_position"}, "relative": "delta"}]}],
+        "rows": [{"label": "Dense", "methods": []}, {"label": "S", "method": "stepvar"}],
+        "paper": {"Dense": {"cat": 30.61}}}, "x")
+    assert spec.in_world("paper").columns[0].header == "FID people"
+    assert spec.in_world("tiny").columns[0].header == "position FID"
+    assert spec.in_world("tiny").columns[1].header.startswith("FID position")
+    cells = table_cells(spec, "tiny", n=12)
+    dense, st = (c.spec for c in cells)
+    found = {r["run_id"]: r for r in (fake(dense, {"fid_position": 3.0, "fid_people": 99.0}),
+                                      fake(st, {"fid_position": 4.5}))}
+    out = render(spec, "tiny", cells, found, out_dir=tmp_path)
+    rows = {r["label"]: r for r in out["json"]["rows"]}
+    assert rows["Dense"]["cells"]["cat"]["text"] == "3.00 / 30.61"
+    assert rows["S"]["cells"]["d"]["ours"] == pytest.approx(1.5)
+    assert "position FID" in out["md"] and "FID people" not in out["md"]
+    for bad, msg in ((dict(metric={"tiny": "fid_position", "paper": "geneval"}), "same direction"),
+                     (dict(metric="fid", header={"tiny": "x"}), "needs a metric per world"),
+                     (dict(metric={"moon": "fid"}), "moon")):
+        with pytest.raises(TableSpecError, match=msg):
+            parse_spec({"title": "t", "model": {"tiny": "tiny-t2i"}, "bench": {"tiny": "shapes-mjhq"},
+                        "groups": [{"columns": [{"id": "c", **bad}]}], "rows": [{"label": "D", "methods": []}]}, "x")
+
+
+def test_a_row_may_run_another_method_per_world():
+    spec = parse_spec({
+        "title": "t", "model": {"paper": "infinity-2b", "tiny": "tiny-t2i"},
+        "bench": {"paper": "geneval", "tiny": "shapes-geneval"}, "groups": [{"columns": [{"id": "g", "metric": "geneval"}]}],
+        "rows": [{"label": "D", "methods": []},
+                 {"label": "K", "method": {"paper": "lazyvar:keep=0.4/0.2/0.1/0.02", "tiny": "lazyvar:keep=0.4/0.2/0.1"}}]},
+        "x")
+    row = spec.row("K")
+    assert spec.chain(row, spec.groups[0], "tiny") == ("lazyvar:keep=0.4/0.2/0.1",)
+    assert spec.chain(row, spec.groups[0], "paper") == ("lazyvar:keep=0.4/0.2/0.1/0.02",)
+    spec_k = next(c.spec for c in table_cells(spec, "tiny", n=8) if c.row == "K")
+    assert spec_k.requested["methods"] == ["lazyvar:keep=0.4/0.2/0.1"]
+    with pytest.raises(TableSpecError, match="moon"):
+        parse_spec({"title": "t", "model": {"tiny": "tiny-t2i"}, "bench": {"tiny": "shapes-geneval"},
+                    "groups": [{"columns": [{"id": "g", "metric": "geneval"}]}],
+                    "rows": [{"label": "K", "method": {"moon": "lazyvar"}}]}, "x")

@@ -27,7 +27,8 @@ class Bench:
     name: str = ""
     kind: str = "images"            # "images": sample and score images; "timing": the latency bench
     world: str = ""
-    conditions: str = "classes"     # "classes": labels(n) is a class tensor; "prompts": a list of prompts
+    conditions: str = "classes"     # "classes": labels(n) is a class tensor; "prompts": a list of prompts;
+                                    # "any": the latency bench (it conditions on what the model takes)
     model: str = ""                 # the model this bench is run with by default
     num_classes: int = 0
     default_n: int = 0

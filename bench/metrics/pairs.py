@@ -58,10 +58,10 @@ def ssim(a: torch.Tensor, b: torch.Tensor, window: int = SSIM_WINDOW, sigma: flo
     if min(H, W) < window:
         raise ValueError(f"SSIM needs images of at least {window}×{window} pixels, got {H}×{W}")
     g = _gauss(window, sigma)
-    k = (g[:, None] * g[None, :]).expand(C, 1, window, window).contiguous()
+    kv, kh = g.view(1, 1, window, 1).expand(C, 1, window, 1), g.view(1, 1, 1, window).expand(C, 1, 1, window)
 
-    def blur(t):
-        return F.conv2d(t, k, groups=C)     # valid windows only
+    def blur(t):   # the 2-D Gaussian window as two 1-D passes (separable; valid windows only)
+        return F.conv2d(F.conv2d(t, kv, groups=C), kh, groups=C)
 
     mx, my = blur(x), blur(y)
     vx, vy, cxy = blur(x * x) - mx ** 2, blur(y * y) - my ** 2, blur(x * y) - mx * my

@@ -168,7 +168,11 @@ class Generator(nn.Module):
         heap across calls (``bench.models.heap``: no page faults, the same values)."""
         with reuse_heap(self.device.type == "cpu"):
             _, f_hat = self.sample_tokens(labels_B, seed, cfg, top_k, top_p, more_smooth)
-            return to_uint8(self.vae.fhat_to_img(f_hat).add_(1).mul_(0.5))
+            return self.decode_uint8(f_hat)
+
+    def decode_uint8(self, f_hat: torch.Tensor) -> torch.Tensor:
+        """The VQVAE decode of a sampled f̂ as uint8 images (the last step of ``generate``)."""
+        return to_uint8(self.vae.fhat_to_img(f_hat).add_(1).mul_(0.5))
 
     # ------------------------------------------------------------------ teacher forcing
     def forward_teacher(self, labels_B: torch.Tensor, tokens: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -170,10 +170,19 @@ class T2IGenerator(nn.Module):
     @torch.no_grad()
     def generate(self, prompts, seed: Optional[int] = 0, **sampling) -> torch.Tensor:
         """Images uint8 [B, 3, H, W] for a list of prompts, or for ``(feats, mask)`` text features."""
-        feats, mask = self.encode_prompts(prompts) if _is_prompt_list(prompts) else prompts
         with reuse_heap(self.device.type == "cpu"):
-            _, latent = self.sample_bits(feats, mask, seed, **sampling)
-            return to_uint8_trunc(self.vae.decode(latent))
+            _, latent = self.sample_tokens(prompts, seed, **sampling)
+            return self.decode_uint8(latent)
+
+    def sample_tokens(self, prompts, seed: Optional[int] = 0, logits_hook=None, **sampling):
+        """(bits per scale, summed latent) of prompts (or ``(feats, mask)``): the text encoder, then
+        ``sample_bits`` (the counterpart of the class-conditional ``Generator.sample_tokens``)."""
+        feats, mask = self.encode_prompts(prompts) if _is_prompt_list(prompts) else prompts
+        return self.sample_bits(feats, mask, seed, logits_hook=logits_hook, **sampling)
+
+    def decode_uint8(self, latent: torch.Tensor) -> torch.Tensor:
+        """The BSQ VAE decode of a sampled latent as uint8 images (the last step of ``generate``)."""
+        return to_uint8_trunc(self.vae.decode(latent))
 
     # ------------------------------------------------------------------ teacher forcing
     def forward_teacher(self, feats_BTC, mask_BT, bits: Sequence[torch.Tensor], x_BLd=None) -> torch.Tensor:
