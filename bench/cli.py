@@ -535,8 +535,10 @@ def _cmd_runs(args) -> int:
     df = pd.DataFrame()
     if len(full):
         now = pd.Timestamp.now(tz="UTC")
-        shown = [m for m in ("fid", "is", "class_acc") if m in full]
-        df = full[["run_id", "world", "model", "bench", "label", "n", "seed", *shown]].rename(columns={"label": "methods"})
+        shown = [m for m in ("fid", "is", "class_acc", "geneval", "fid_star") if m in full]
+        setting = ["setting"] if full["setting"].astype(bool).any() else []   # e.g. fidelity=True, latency's device
+        df = full[["run_id", "world", "model", "bench", "label", *setting, "n", "seed", *shown]].rename(
+            columns={"label": "methods"})
         df[shown] = df[shown].round(4)
         df["age"] = [_age((now - pd.Timestamp(c)).total_seconds()) for c in full["created"]]
         df[["stale", "why", "path"]] = full[["stale", "why", "path"]]

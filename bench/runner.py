@@ -17,7 +17,7 @@ from typing import Dict
 import torch
 from tqdm.auto import tqdm
 
-from bench import shard
+from bench import originals, shard
 from bench.accounting import model_cost
 from bench.io import check_writable_dir
 from bench.method import Context, apply_chain, split_for_ranks
@@ -146,7 +146,6 @@ def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: 
     if bench.fidelity:                  # the unmodified model's outputs first (cached), before the run's model loads
         if shard.active():
             raise ValueError(f"{spec.label()}: fidelity runs are not sharded yet; run it in one process")
-        from bench import originals
         t = time.perf_counter()
         labels = bench.labels(spec.n)
         original = originals.ensure(spec, bench, labels, lambda: card(ckpt_dir=ckpt_dir, device=device).eval(),
@@ -186,7 +185,6 @@ def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: 
     elif bench.feature_chunk:           # images → feature rows chunk by chunk (one chunk in memory)
         pairs = None
         if original is not None:
-            from bench import originals
             d = originals.folder(spec, root)
             pairs = lambda lo, imgs: originals.pair_rows(d, lo, imgs, bench.lpips_weights)   # noqa: E731
         feats, pair_rows, tt = sample_features(gen, bench, labels, spec.seed, spec.sampling, on_chunk=pairs,

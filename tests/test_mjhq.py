@@ -232,7 +232,7 @@ def counted_generate(monkeypatch):
     return calls
 
 
-def test_fid_star_of_the_model_against_itself_and_the_cache(tmp_path, counted_generate):
+def test_fid_star_of_the_model_against_itself_and_the_cache(tmp_path, counted_generate, capsys):
     from bench import originals
     from bench.plan import make_spec
     from bench.runner import run
@@ -251,6 +251,10 @@ def test_fid_star_of_the_model_against_itself_and_the_cache(tmp_path, counted_ge
     m2 = run(spec2, root=tmp_path, progress=False)["metrics"]
     assert len(counted_generate) == 12
     assert m2["fid_star"]["value"] > 1e-3 and m2["psnr"]["value"] < 100
+    from bench.cli import main
+    assert main(["runs", "--json", "--results", str(tmp_path)]) == 0      # the listing shows the setting
+    listing = json.loads(capsys.readouterr().out)
+    assert {r["setting"] for r in listing} == {"fidelity=True"} and all("fid_star" in r for r in listing)
     # a partial cache resumes: one image and the done mark gone → one batch sampled again, same features
     feats = torch.load(d / "features.pt")
     (d / "done.json").unlink()

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 from bench.benches.base import Bench
-from bench.benches.shapes_c2i import feature_files, tiny_feature_weights
+from bench.benches.shapes_c2i import TinyFeatureBench
 from bench.metrics.mjhq import MJHQ_CATEGORIES, MJHQ_PER_CATEGORY, SHAPES_CATEGORIES
 from bench.registry import BENCHES
 
@@ -48,9 +48,6 @@ class _MJHQBench(Bench):
     batch_size = 1                     # one prompt per batch: each prompt's seed is its own
     categories: Tuple[str, ...] = ()
     per_category = 0
-
-    def __init__(self, fidelity: bool = False):
-        super().__init__(fidelity)
 
     @classmethod
     def check_n(cls, n) -> int:
@@ -103,7 +100,7 @@ def _shapes_reference(weights: str):
 
 
 @BENCHES.register("shapes-mjhq")
-class ShapesMJHQ(_MJHQBench):
+class ShapesMJHQ(_MJHQBench, TinyFeatureBench):
     name, world, model = "shapes-mjhq", "tiny", "tiny-t2i"
     categories = SHAPES_CATEGORIES
     per_category = SHAPES_PER_CATEGORY
@@ -112,18 +109,6 @@ class ShapesMJHQ(_MJHQBench):
     metrics = ("fid", *(f"fid_{c}" for c in SHAPES_CATEGORIES), "fid_mean")
     # torch-fidelity's extractor runs in batches of 64: chunks of 256 give every image its batch
     feature_chunk = 256
-
-    def __init__(self, feature_weights=None, fidelity: bool = False):
-        super().__init__(fidelity)
-        self._feature_weights = feature_weights
-
-    feature_weights = property(lambda self: tiny_feature_weights(self._feature_weights))
-
-    def identity(self) -> Dict[str, object]:
-        return {**super().identity(), "files": feature_files(self.feature_weights)}
-
-    def preflight(self) -> None:
-        feature_files(self.feature_weights)
 
     def prompt_table(self):
         import pandas as pd
@@ -193,7 +178,6 @@ class MJHQ30K(_MJHQBench):
         self._nets = None
 
     def preflight(self) -> None:
-        from bench.metrics.clip_score import load_openai_clip  # noqa: F401  (open_clip importable)
         from bench.metrics.mjhq import INCEPTION_FILE
         if not self.mjhq_dir:
             raise FileNotFoundError("mjhq30k needs MJHQ-30K: set VARBENCH_MJHQ_DIR to the folder holding meta_data.json "

@@ -34,25 +34,38 @@ def _reference_features(weights_path: str) -> dict:
     return extract_features(tinyshapes.generate(REF_N, "ref")[0], weights_path=weights_path)
 
 
-def tiny_feature_weights(explicit=None) -> str:
-    from bench.resources import tiny_assets_dir
-    return str(explicit or tiny_assets_dir() / "feature_cnn.safetensors")
+class TinyFeatureBench(Bench):
+    """A tiny-world bench scored by the shipped feature CNN (shapes-c2i, shapes-mjhq): its sha256 is part of
+    the protocol identity, since a retrained feature network changes every score and so every record key."""
 
+    def __init__(self, feature_weights=None, fidelity: bool = False):
+        super().__init__(fidelity)
+        self._feature_weights = feature_weights
 
-def feature_files(weights: str) -> Dict[str, str]:
-    """{file name: sha256} of the tiny world's feature CNN (checked against its manifest), or a clear error."""
-    from pathlib import Path
+    @property
+    def feature_weights(self) -> str:
+        """The feature CNN (default: the shipped one, read at call time so $VARBENCH_TINY_DIR counts)."""
+        from bench.resources import tiny_assets_dir
+        return str(self._feature_weights or tiny_assets_dir() / "feature_cnn.safetensors")
 
-    from bench.checkpoint import check_manifest
-    path = Path(weights)
-    if not path.is_file():
-        raise FileNotFoundError(f"feature network {weights} not found: restore assets/tiny "
-                                f"(git checkout -- assets/tiny) or rebuild it with `make tiny-models`")
-    return {path.name: check_manifest(path)}
+    def identity(self) -> Dict[str, object]:
+        """Protocol version (+ setting) + the feature CNN's sha256, checked against its manifest."""
+        from pathlib import Path
+
+        from bench.checkpoint import check_manifest
+        self.preflight()
+        path = Path(self.feature_weights)
+        return {**super().identity(), "files": {path.name: check_manifest(path)}}
+
+    def preflight(self) -> None:
+        from pathlib import Path
+        if not Path(self.feature_weights).is_file():
+            raise FileNotFoundError(f"feature network {self.feature_weights} not found: restore assets/tiny "
+                                    f"(git checkout -- assets/tiny) or rebuild it with `make tiny-models`")
 
 
 @BENCHES.register("shapes-c2i")
-class ShapesC2I(Bench):
+class ShapesC2I(TinyFeatureBench):
     name, world, model = "shapes-c2i", "tiny", "tiny-var"
     num_classes = configs.NUM_CLASSES
     default_n = 50 * configs.NUM_CLASSES
@@ -62,21 +75,6 @@ class ShapesC2I(Bench):
     bootstrap_metrics = ("fid", "is", "precision", "recall")
     version = 2
     metrics = ("fid", "is", "kid", "precision", "recall", "class_acc")
-
-    def __init__(self, feature_weights=None, fidelity: bool = False):
-        super().__init__(fidelity)
-        self._feature_weights = feature_weights
-
-    feature_weights = property(lambda self: tiny_feature_weights(self._feature_weights),
-                               doc="the feature CNN (default: the shipped one, read at call time so $VARBENCH_TINY_DIR counts)")
-
-    def identity(self) -> Dict[str, object]:
-        """Protocol version + the feature CNN's sha256 (checked against its manifest): a retrained
-        feature network changes every score, so it changes every record key."""
-        return {**super().identity(), "files": feature_files(self.feature_weights)}
-
-    def preflight(self) -> None:
-        feature_files(self.feature_weights)
 
     # features: torch-fidelity's extractor in batches of 64, the CNN's class logits in batches of 256;
     # chunks of 256 (a multiple of both) give every image the same batch as one pass over all of them

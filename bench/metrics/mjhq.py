@@ -94,7 +94,6 @@ def category_fids(gen_feats, gen_cats: Sequence[str], ref_feats, ref_cats: Seque
 def load_cleanfid_inception(path: Optional[str] = None, device: str = "cpu"):
     """clean-fid's TorchScript Inception (``{INCEPTION_FILE}``) from a local file, as the callable clean-fid
     calls in mode ``clean``: float [B, 3, 299, 299] in [0, 255] → pool3 features [B, 2048]."""
-    import torch
     from cleanfid.inception_torchscript import InceptionV3W
     p = Path(path) if path else Path("/tmp") / INCEPTION_FILE
     if p.is_dir():
@@ -104,12 +103,7 @@ def load_cleanfid_inception(path: Optional[str] = None, device: str = "cpu"):
             f"clean-fid's Inception {p} not found: download {INCEPTION_FILE} (nvlabs-fi-cdn.nvidia.com/stylegan2-ada-"
             f"pytorch/pretrained/metrics/{INCEPTION_FILE}) and give its path (VARBENCH_CLEANFID_INCEPTION), or put it "
             f"in /tmp where clean-fid looks; varbench never downloads at run time")
-    model = InceptionV3W(str(p.parent), download=False).to(device).eval()
-
-    def model_fn(x):
-        with torch.no_grad():
-            return model(x)
-    return model_fn
+    return InceptionV3W(str(p.parent), download=False).to(device).eval()
 
 
 def cleanfid_features(images_uint8, model, batch_size: int = 32, device: str = "cpu", mode: str = "clean"):
