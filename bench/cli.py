@@ -522,6 +522,46 @@ def _cmd_geneval_generate(args) -> int:
     return 0
 
 
+def _mjhq_bench(name: str):
+    from bench.registry import BENCHES
+    cls = BENCHES.get(name)
+    if not hasattr(cls, "prompt_table"):
+        fits = [b for b in BENCHES.names() if hasattr(BENCHES.get(b), "prompt_table")]
+        raise ValueError(f"--bench {name} is not an MJHQ bench; MJHQ benches: {', '.join(fits)}")
+    return cls()
+
+
+def _cmd_mjhq_generate(args) -> int:
+    from bench.benches.mjhq import generate_folder
+    from bench.registry import MODELS
+    bench = _mjhq_bench(args.bench)
+    n = bench.check_n(args.n if args.n is not None else bench.default_n)
+    card = MODELS.get(args.model or bench.model)
+    if getattr(card, "kind", "c2i") != "t2i":
+        raise ValueError(f"--model {card.name} is not a text-to-image model with a text encoder (tiny-t2i, infinity-2b)")
+    bench.preflight()
+    sampling = {**card.sampling, **_sampling_overrides(args)}
+    gen = card(args.ckpt_dir, device=_device(args, card.world)).eval()
+    done = generate_folder(gen, bench, args.out, n, args.seed, sampling, progress=not args.quiet)
+    print(f"{args.out}: {done} image(s) generated now, {n - done} already there; score it with "
+          f"`varbench mjhq score {args.out} --bench {bench.name} --n {n}`")
+    return 0
+
+
+def _cmd_mjhq_score(args) -> int:
+    from bench.benches.mjhq import score_folder
+    bench = _mjhq_bench(args.bench)
+    n = bench.check_n(args.n if args.n is not None else bench.default_n)
+    bench.preflight()
+    metrics = score_folder(bench, args.folder, n, progress=not args.quiet)
+    if args.json:
+        print(json.dumps(metrics, indent=1))
+    else:
+        for k, v in metrics.items():
+            print(f"{k:28s} {v['value']:.4f}")
+    return 0
+
+
 def _cmd_runs(args) -> int:
     import pandas as pd
 
@@ -843,6 +883,33 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("results_jsonl", help="output of geneval's evaluation/evaluate_images.py")
     g.add_argument("--json", action="store_true")
     g.set_defaults(func=_cmd_geneval_import)
+
+    sp = sub.add_parser("mjhq", help="MJHQ image folders (<category>/<id>.png, FastVAR's layout): generate "
+                        "(resumable) or score",
+                        description="`varbench run --bench shapes-mjhq` samples and scores in one record; these "
+                                    "commands work on folders, e.g. to score images made by FastVAR's own scripts "
+                                    "with this bench's protocol.")
+    msub = sp.add_subparsers(dest="action", required=True, metavar="ACTION")
+    g = msub.add_parser("generate", help="sample one image per prompt of an MJHQ bench into a folder (skips images "
+                        "already there)")
+    g.add_argument("out", help="image folder")
+    g.add_argument("--bench", default="shapes-mjhq", help="shapes-mjhq (default) or mjhq30k")
+    g.add_argument("--model", default=None, help="default: the bench's model (tiny-t2i, infinity-2b)")
+    g.add_argument("--n", type=int, default=None, help="images: the first n/K prompts of each of the K categories "
+                   "(default: all)")
+    g.add_argument("--seed", type=_seed, default=0, help="prompt i is seeded with seed·1000003 + i")
+    g.add_argument("--ckpt-dir", default=None, help="checkpoint folder (paper world)")
+    g.add_argument("--device", default=None, help="cpu or cuda")
+    g.add_argument("--quiet", action="store_true")
+    sampling_flags(g)
+    g.set_defaults(func=_cmd_mjhq_generate)
+    g = msub.add_parser("score", help="FID per category and overall (and CLIP score, mjhq30k) of a folder")
+    g.add_argument("folder", help="image folder in FastVAR's layout (<category>/<id>.png or .jpg)")
+    g.add_argument("--bench", default="shapes-mjhq", help="shapes-mjhq (default) or mjhq30k")
+    g.add_argument("--n", type=int, default=None, help="as for generate (default: all)")
+    g.add_argument("--json", action="store_true")
+    g.add_argument("--quiet", action="store_true")
+    g.set_defaults(func=_cmd_mjhq_score)
 
     sp = sub.add_parser("train-tiny", help="retrain the tiny world's models from scratch (make tiny-models)",
                         add_help=False)

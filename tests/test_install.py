@@ -28,7 +28,8 @@ def test_wheel_install_runs_from_an_empty_folder(tmp_path):
                             "print(r.resource_dir('tables'))"], cwd=work, env=env, capture_output=True, text=True)
     module, tables = where.stdout.split()
     assert module.startswith(str(site)) and tables.startswith(str(site)), "not testing the installed copy"
-    assert {"evar-table1", "evar-table2", "evar-table3", "evar-table4", "evar-table5"} <= set(vb("list", "tables").split())
+    assert {"evar-table1", "evar-table2", "evar-table3", "evar-table4", "evar-table5", "lazyvar-table1",
+            "fastvar-table3"} <= set(vb("list", "tables").split())
     # figure specs travel too: with no records a figure says which records it needs
     out = subprocess.run([sys.executable, "-m", "bench", "figures", "pareto"], cwd=work, env=env,
                          capture_output=True, text=True)

@@ -277,3 +277,28 @@ def test_fidelity_on_a_class_conditional_bench(tmp_path):
             root=tmp_path, progress=False)["metrics"]
     assert abs(m["fid_star"]["value"]) < 1e-4 and m["psnr"]["value"] == 100.0 and m["ssim"]["n"] == 24
     assert not any(k.startswith("fid_star_") for k in m) and "fid" in m
+
+
+def test_folders_in_fastvars_layout_score_like_the_run(tmp_path, capsys):
+    """generate → <category>/<id>.png; score gives the run's metrics (same images, same seeds); a missing
+    image is named; generation resumes with only the missing one."""
+    from bench.cli import main
+    from bench.plan import make_spec
+    from bench.runner import run
+    out = tmp_path / "imgs"
+    assert main(["mjhq", "generate", str(out), "--n", "12", "--quiet"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(mm.SHAPES_CATEGORIES)
+    assert sorted(p.name for p in (out / "position").iterdir()) == ["ref-00004.png", "ref-00010.png"]
+    capsys.readouterr()
+    assert main(["mjhq", "score", str(out), "--n", "12", "--json", "--quiet"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    rec = run(make_spec("tiny-t2i", (), bench="shapes-mjhq", n=12), root=tmp_path / "r", progress=False)
+    assert {k: v["value"] for k, v in scored.items()} == pytest.approx({k: v["value"] for k, v in rec["metrics"].items()},
+                                                                       rel=1e-9)
+    (out / "counting" / "ref-00008.png").unlink()
+    assert main(["mjhq", "score", str(out), "--n", "12", "--quiet"]) == 2
+    assert "counting/ref-00008.png" in capsys.readouterr().err
+    assert main(["mjhq", "generate", str(out), "--n", "12", "--quiet"]) == 0
+    assert "1 image(s) generated now, 11 already there" in capsys.readouterr().out
+    assert main(["mjhq", "score", str(out), "--bench", "shapes-geneval"]) == 2
+    assert "not an MJHQ bench; MJHQ benches: mjhq30k, shapes-mjhq" in capsys.readouterr().err

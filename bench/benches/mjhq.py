@@ -21,6 +21,12 @@ of its reference images exactly as in MJHQ. Scores: FID in the ``tinyshapes-cnn`
 (the tiny world's Inception; it takes the 64×64 scenes as they are) per category, overall and their
 mean. No CLIP score: the tiny world has no image–text model.
 
+Folders (``generate_folder`` / ``score_folder``, ``varbench mjhq generate|score``): FastVAR's layout,
+``<out>/<category>/<id>.png`` (``.jpg`` read too), one image per prompt with the runner's seed of its
+index; generation skips images already there (a stopped run resumes); scoring reads the chosen
+prompts' images (a missing one is an error naming it), so a folder made by FastVAR's own scripts
+with the same ids can be scored by this bench's protocol.
+
 With the ``fidelity`` setting (``bench.originals``) both add FID* per category, overall and their mean
 (``fid_star_<category>``, ``fid_star``, ``fid_star_mean``: LazyVAR's "FID*" is the overall one, its
 per-category averages the mean), PSNR and SSIM.
@@ -88,6 +94,60 @@ class _MJHQBench(Bench):
         from bench.metrics.mjhq import category_fids
         cats = self.label_categories(len(labels))
         return category_fids(feats["features"], cats, original["features"], cats, self.categories, prefix="fid_star")
+
+
+# ---------------------------------------------------------------------------------------- folders
+def image_path(folder, category: str, image_id: str) -> Path:
+    return Path(folder) / category / f"{image_id}.png"
+
+
+def _existing(folder, category: str, image_id: str):
+    for ext in ("png", "jpg"):
+        p = Path(folder) / category / f"{image_id}.{ext}"
+        if p.is_file():
+            return p
+    return None
+
+
+def generate_folder(gen, bench: "_MJHQBench", folder, n: int, seed: int, sampling: dict, progress: bool = True) -> int:
+    """Sample the bench's first n prompts (category-major) into ``folder``, one image per prompt with the
+    runner's seed of its index, skipping images already there. Returns the number sampled now."""
+    from PIL import Image
+    from tqdm.auto import tqdm
+    chosen = bench.chosen(n)
+    todo = [i for i, r in enumerate(chosen.itertuples()) if _existing(folder, r.category, r.id) is None]
+    for i in tqdm(todo, desc="mjhq samples", disable=not progress):
+        r = chosen.iloc[i]
+        img = gen.generate([r["prompt"]], seed=bench.batch_seed(seed, i), **sampling)[0].cpu()
+        path = image_path(folder, r["category"], r["id"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        Image.fromarray(img.permute(1, 2, 0).numpy()).save(tmp, format="PNG")
+        tmp.replace(path)
+    return len(todo)
+
+
+def score_folder(bench: "_MJHQBench", folder, n: int, progress: bool = True) -> Dict[str, dict]:
+    """The bench's metrics of a folder's images of its first n prompts (features chunk by chunk)."""
+    import numpy as np
+    import torch
+    from PIL import Image
+    from tqdm.auto import tqdm
+    chosen = bench.chosen(n)
+    paths = [_existing(folder, r.category, r.id) for r in chosen.itertuples()]
+    missing = [str(image_path(folder, r.category, r.id)) for r, p in zip(chosen.itertuples(), paths) if p is None]
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise FileNotFoundError(f"{folder}: missing {', '.join(missing[:3])}{more}; generate them "
+                                f"(`varbench mjhq generate` resumes where it stopped)")
+    C = bench.feature_chunk
+    rows: Dict[str, list] = {}
+    for s in tqdm(range(0, len(paths), C), desc="mjhq features", disable=not progress):
+        imgs = torch.stack([torch.from_numpy(np.array(Image.open(p).convert("RGB"))).permute(2, 0, 1)
+                            for p in paths[s:s + C]])
+        for k, v in bench.features(imgs).items():
+            rows.setdefault(k, []).append(v)
+    return bench.score({k: torch.cat(v) for k, v in rows.items()}, list(chosen["prompt"]), progress=progress)
 
 
 @lru_cache(maxsize=2)
