@@ -474,13 +474,28 @@ def _geneval_print(metrics: dict, as_json: bool) -> None:
         print(f"{k:28s} {v:.4f}")
 
 
-def _geneval_bench(name: str):
+def _folder_bench(name: str, method: str, article: str, what: str):
+    """The bench ``name`` if it has ``method`` (its folder workflow), else an error naming those that do."""
     from bench.registry import BENCHES
     cls = BENCHES.get(name)
-    if not hasattr(cls, "rows"):
-        fits = [b for b in BENCHES.names() if hasattr(BENCHES.get(b), "rows")]
-        raise ValueError(f"--bench {name} is not a GenEval bench; GenEval benches: {', '.join(fits)}")
+    if not hasattr(cls, method):
+        fits = [b for b in BENCHES.names() if hasattr(BENCHES.get(b), method)]
+        raise ValueError(f"--bench {name} is not {article} {what} bench; {what} benches: {', '.join(fits)}")
     return cls()
+
+
+def _geneval_bench(name: str):
+    return _folder_bench(name, "rows", "a", "GenEval")
+
+
+def _folder_generator(args, bench):
+    """(generator, sampling settings) of ``--model`` (default: the bench's) for a folder's images."""
+    from bench.registry import MODELS
+    card = MODELS.get(args.model or bench.model)
+    if getattr(card, "kind", "c2i") != "t2i":
+        raise ValueError(f"--model {card.name} is not a text-to-image model with a text encoder (tiny-t2i, infinity-2b)")
+    sampling = {**card.sampling, **_sampling_overrides(args)}
+    return card(args.ckpt_dir, device=_device(args, card.world)).eval(), sampling
 
 
 def _cmd_geneval_import(args) -> int:
@@ -507,15 +522,9 @@ def _cmd_geneval_score(args) -> int:
 
 def _cmd_geneval_generate(args) -> int:
     from bench.benches.geneval import IMAGES_PER_PROMPT, generate_folder
-    from bench.registry import MODELS
     bench = _geneval_bench(args.bench)
-    card = MODELS.get(args.model or bench.model)
-    if getattr(card, "kind", "c2i") != "t2i":
-        raise ValueError(f"--model {card.name} is not a text-to-image model with a text encoder (tiny-t2i, infinity-2b)")
-    sampling = dict(card.sampling)
-    sampling.update(_sampling_overrides(args))
     rows = bench.rows()
-    gen = card(args.ckpt_dir, device=_device(args, card.world)).eval()
+    gen, sampling = _folder_generator(args, bench)
     done = generate_folder(gen, rows, args.out, args.seed, sampling, IMAGES_PER_PROMPT, progress=not args.quiet)
     print(f"{args.out}: {done} prompt(s) generated now, {len(rows) - done} already there; "
           f"score it with `varbench geneval score {args.out} --bench {bench.name}`")
@@ -523,25 +532,15 @@ def _cmd_geneval_generate(args) -> int:
 
 
 def _mjhq_bench(name: str):
-    from bench.registry import BENCHES
-    cls = BENCHES.get(name)
-    if not hasattr(cls, "prompt_table"):
-        fits = [b for b in BENCHES.names() if hasattr(BENCHES.get(b), "prompt_table")]
-        raise ValueError(f"--bench {name} is not an MJHQ bench; MJHQ benches: {', '.join(fits)}")
-    return cls()
+    return _folder_bench(name, "prompt_table", "an", "MJHQ")
 
 
 def _cmd_mjhq_generate(args) -> int:
     from bench.benches.mjhq import generate_folder
-    from bench.registry import MODELS
     bench = _mjhq_bench(args.bench)
     n = bench.check_n(args.n if args.n is not None else bench.default_n)
-    card = MODELS.get(args.model or bench.model)
-    if getattr(card, "kind", "c2i") != "t2i":
-        raise ValueError(f"--model {card.name} is not a text-to-image model with a text encoder (tiny-t2i, infinity-2b)")
     bench.preflight()
-    sampling = {**card.sampling, **_sampling_overrides(args)}
-    gen = card(args.ckpt_dir, device=_device(args, card.world)).eval()
+    gen, sampling = _folder_generator(args, bench)
     done = generate_folder(gen, bench, args.out, n, args.seed, sampling, progress=not args.quiet)
     print(f"{args.out}: {done} image(s) generated now, {n - done} already there; score it with "
           f"`varbench mjhq score {args.out} --bench {bench.name} --n {n}`")
@@ -857,17 +856,23 @@ def build_parser() -> argparse.ArgumentParser:
                                     "scoring rules. `varbench run --bench shapes-geneval` does all three in one record; "
                                     "these commands work on folders, e.g. to score with the official evaluator.")
     gsub = sp.add_subparsers(dest="action", required=True, metavar="ACTION")
-    g = gsub.add_parser("generate", help="sample 4 images per prompt of a GenEval bench into a folder (skips "
-                        "prompts already complete)")
-    g.add_argument("out", help="image folder")
-    g.add_argument("--bench", default="shapes-geneval", help="shapes-geneval (default) or geneval")
-    g.add_argument("--model", default=None, help="default: the bench's model (tiny-t2i, infinity-2b)")
-    g.add_argument("--seed", type=_seed, default=0, help="prompt i is seeded with seed·1000003 + i")
-    g.add_argument("--ckpt-dir", default=None, help="checkpoint folder (paper world)")
-    g.add_argument("--device", default=None, help="cpu or cuda")
-    g.add_argument("--quiet", action="store_true")
-    sampling_flags(g)
-    g.set_defaults(func=_cmd_geneval_generate)
+    def folder_generate(parent, help_, tiny_bench, paper_bench, func, n_help=None):
+        """A `generate` subcommand of a folder workflow (GenEval, MJHQ): the same flags for both."""
+        g = parent.add_parser("generate", help=help_)
+        g.add_argument("out", help="image folder")
+        g.add_argument("--bench", default=tiny_bench, help=f"{tiny_bench} (default) or {paper_bench}")
+        g.add_argument("--model", default=None, help="default: the bench's model (tiny-t2i, infinity-2b)")
+        if n_help:
+            g.add_argument("--n", type=int, default=None, help=n_help)
+        g.add_argument("--seed", type=_seed, default=0, help="prompt i is seeded with seed·1000003 + i")
+        g.add_argument("--ckpt-dir", default=None, help="checkpoint folder (paper world)")
+        g.add_argument("--device", default=None, help="cpu or cuda")
+        g.add_argument("--quiet", action="store_true")
+        sampling_flags(g)
+        g.set_defaults(func=func)
+
+    folder_generate(gsub, "sample 4 images per prompt of a GenEval bench into a folder (skips prompts already "
+                    "complete)", "shapes-geneval", "geneval", _cmd_geneval_generate)
     g = gsub.add_parser("score", help="score an image folder with a bench's detector; print the scores")
     g.add_argument("folder", help="image folder in GenEval's layout")
     g.add_argument("--bench", default="shapes-geneval", help="whose detector: shapes-geneval (exact shapes "
@@ -890,19 +895,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "commands work on folders, e.g. to score images made by FastVAR's own scripts "
                                     "with this bench's protocol.")
     msub = sp.add_subparsers(dest="action", required=True, metavar="ACTION")
-    g = msub.add_parser("generate", help="sample one image per prompt of an MJHQ bench into a folder (skips images "
-                        "already there)")
-    g.add_argument("out", help="image folder")
-    g.add_argument("--bench", default="shapes-mjhq", help="shapes-mjhq (default) or mjhq30k")
-    g.add_argument("--model", default=None, help="default: the bench's model (tiny-t2i, infinity-2b)")
-    g.add_argument("--n", type=int, default=None, help="images: the first n/K prompts of each of the K categories "
-                   "(default: all)")
-    g.add_argument("--seed", type=_seed, default=0, help="prompt i is seeded with seed·1000003 + i")
-    g.add_argument("--ckpt-dir", default=None, help="checkpoint folder (paper world)")
-    g.add_argument("--device", default=None, help="cpu or cuda")
-    g.add_argument("--quiet", action="store_true")
-    sampling_flags(g)
-    g.set_defaults(func=_cmd_mjhq_generate)
+    folder_generate(msub, "sample one image per prompt of an MJHQ bench into a folder (skips images already there)",
+                    "shapes-mjhq", "mjhq30k", _cmd_mjhq_generate,
+                    n_help="images: the first n/K prompts of each of the K categories (default: all)")
     g = msub.add_parser("score", help="FID per category and overall (and CLIP score, mjhq30k) of a folder")
     g.add_argument("folder", help="image folder in FastVAR's layout (<category>/<id>.png or .jpg)")
     g.add_argument("--bench", default="shapes-mjhq", help="shapes-mjhq (default) or mjhq30k")

@@ -1,10 +1,12 @@
 """Files and provenance, one place for both: atomic writes, writable-folder checks, git metadata.
 
-Used by records, rendered tables, the feature CNN and the training recipes. Torch-free.
+Used by records, rendered tables, the feature CNN and the training recipes. Torch-free at import.
 
 - ``atomic_write_text`` / ``atomic_write_bytes`` / ``atomic_write``: readers see the old file or the new one, never a
   mix; a process killed mid-write leaves at worst a hidden ``.<name>.*.tmp`` file. The file gets the
   permissions a plain ``open(path, "w")`` would (``0666 & ~umask``), so a shared results folder works.
+- ``save_png`` / ``read_image``: image files of sample folders (lossless PNG, written atomically; read
+  back as uint8 [3, H, W] bit for bit).
 - ``check_writable_dir``: fail before hours of work, not after, when an output folder cannot be used.
 - ``git_commit`` / ``git_dirty``: the varbench checkout a result came from (``"unknown"`` / None
   outside a git checkout, e.g. after ``pip install``).
@@ -87,6 +89,23 @@ def canonical_safetensors(data: bytes) -> bytes:
         return data
     header = {"__metadata__": dict(sorted(meta.items())), **{k: v for k, v in header.items() if k != "__metadata__"}}
     return data[:8] + json.dumps(header, separators=(",", ":")).encode().ljust(n, b" ") + data[8 + n:]
+
+
+def save_png(path: str | os.PathLike, img_3HW) -> Path:
+    """A uint8 image [3, H, W] (torch or numpy) as a PNG, atomically; folders are created."""
+    import numpy as np
+    from PIL import Image
+    arr = np.ascontiguousarray(np.asarray(img_3HW.cpu() if hasattr(img_3HW, "cpu") else img_3HW).transpose(1, 2, 0))
+    return atomic_write(path, lambda fh: Image.fromarray(arr).save(fh, format="PNG"))
+
+
+def read_image(path: str | os.PathLike):
+    """An image file (PNG, JPEG, …) as a uint8 torch tensor [3, H, W], RGB."""
+    import numpy as np
+    import torch
+    from PIL import Image
+    with Image.open(path) as im:
+        return torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

@@ -25,6 +25,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from bench.io import read_image, save_png
 from bench.records import RunSpec
 
 DONE = "done.json"
@@ -48,19 +49,9 @@ def image_path(d: Path, i: int) -> Path:
     return d / "images" / f"{i:06d}.png"
 
 
-def _save_png(path: Path, img_3HW: torch.Tensor) -> None:
-    from PIL import Image
-    tmp = path.with_name(f".{path.name}.tmp")
-    Image.fromarray(img_3HW.permute(1, 2, 0).numpy()).save(tmp, format="PNG")
-    tmp.replace(path)
-
-
 def load_images(d: Path, lo: int, hi: int) -> torch.Tensor:
     """uint8 [hi − lo, 3, H, W] of cached images lo … hi − 1."""
-    import numpy as np
-    from PIL import Image
-    return torch.stack([torch.from_numpy(np.array(Image.open(image_path(d, i)).convert("RGB"))).permute(2, 0, 1)
-                        for i in range(lo, hi)])
+    return torch.stack([read_image(image_path(d, i)) for i in range(lo, hi)])
 
 
 def complete(d: Path, orig: RunSpec) -> bool:
@@ -92,7 +83,7 @@ def ensure(spec: RunSpec, bench, labels, make_generator: Callable[[], object], s
     def write(lo: int, images: torch.Tensor) -> None:
         for k, img in enumerate(images):
             if not image_path(d, lo + k).is_file():
-                _save_png(image_path(d, lo + k), img)
+                save_png(image_path(d, lo + k), img)
 
     gen = None
     if any(not image_path(d, i).is_file() for i in range(len(labels))):

@@ -48,20 +48,24 @@ def sample_features(gen, bench, labels, seed: int, sampling: dict, cached=None, 
     rows: Dict[str, list] = {}
     extra: Dict[str, list] = {}
     times = {"sample_s": 0.0, "features_s": 0.0}
-    state = {"buf": [], "start": 0}
+    buf: list = []                      # sampled batches not yet featurised (fewer than C images)
+    start = 0                           # index of buf's first image
 
     def flush(final: bool) -> None:
-        imgs = torch.cat(state["buf"]) if state["buf"] else torch.zeros(0)
+        nonlocal buf, start
+        if sum(len(b) for b in buf) < C and not (final and buf):
+            return                      # concatenate only when a chunk is complete (no copy per batch)
+        imgs = torch.cat(buf)
         while len(imgs) >= C or (final and len(imgs)):
             chunk, imgs = imgs[:C], imgs[C:]
             t = time.perf_counter()
             for k, v in bench.features(chunk).items():
                 rows.setdefault(k, []).append(v)
-            for k, v in (on_chunk(state["start"], chunk) if on_chunk else {}).items():
+            for k, v in (on_chunk(start, chunk) if on_chunk else {}).items():
                 extra.setdefault(k, []).append(v)
             times["features_s"] += time.perf_counter() - t
-            state["start"] += len(chunk)
-        state["buf"] = [imgs] if len(imgs) else []
+            start += len(chunk)
+        buf = [imgs] if len(imgs) else []
 
     for bi, s in enumerate(tqdm(range(0, n, B), desc=desc, disable=not progress)):
         imgs = cached(s, min(s + B, n)) if cached else None
@@ -71,7 +75,7 @@ def sample_features(gen, bench, labels, seed: int, sampling: dict, cached=None, 
             times["sample_s"] += time.perf_counter() - t
             if on_batch:
                 on_batch(s, imgs)
-        state["buf"].append(imgs)
+        buf.append(imgs)
         flush(False)
     flush(True)
     return ({k: torch.cat(v) for k, v in rows.items()}, {k: torch.cat(v) for k, v in extra.items()}, times)

@@ -81,15 +81,10 @@ def prompt_dir(folder, index: int) -> Path:
 
 def write_prompt(folder, index: int, row: dict, images_uint8) -> None:
     """One prompt's samples (uint8 [k, 3, H, W]) as ``samples/NNNN.png``, then its ``metadata.jsonl``."""
-    from PIL import Image
-
-    from bench.io import atomic_write_text
+    from bench.io import atomic_write_text, save_png
     d = prompt_dir(folder, index)
-    (d / "samples").mkdir(parents=True, exist_ok=True)
     for n, img in enumerate(images_uint8):
-        tmp = d / "samples" / f".{n:04d}.png.tmp"
-        Image.fromarray(img.permute(1, 2, 0).cpu().numpy()).save(tmp, format="PNG")
-        tmp.replace(d / "samples" / f"{n:04d}.png")
+        save_png(d / "samples" / f"{n:04d}.png", img)
     atomic_write_text(d / "metadata.jsonl", json.dumps(row) + "\n")
 
 

@@ -53,7 +53,7 @@ class _MJHQBench(Bench):
     conditions = "prompts"
     batch_size = 1                     # one prompt per batch: each prompt's seed is its own
     categories: Tuple[str, ...] = ()
-    per_category = 0
+    _table = None                      # the prompt table, read on first use
 
     @classmethod
     def check_n(cls, n) -> int:
@@ -68,8 +68,11 @@ class _MJHQBench(Bench):
         raise NotImplementedError
 
     def chosen(self, n: int):
+        """The first n/K prompts of each category (the prompt table is read once per bench)."""
         from bench.metrics.mjhq import select
-        return select(self.prompt_table(), self.check_n(n) // len(self.categories), self.categories)
+        if self._table is None:
+            self._table = self.prompt_table()
+        return select(self._table, self.check_n(n) // len(self.categories), self.categories)
 
     def labels(self, n: int) -> List[str]:   # type: ignore[override]
         return list(self.chosen(n)["prompt"])
@@ -112,27 +115,24 @@ def _existing(folder, category: str, image_id: str):
 def generate_folder(gen, bench: "_MJHQBench", folder, n: int, seed: int, sampling: dict, progress: bool = True) -> int:
     """Sample the bench's first n prompts (category-major) into ``folder``, one image per prompt with the
     runner's seed of its index, skipping images already there. Returns the number sampled now."""
-    from PIL import Image
     from tqdm.auto import tqdm
+
+    from bench.io import save_png
     chosen = bench.chosen(n)
     todo = [i for i, r in enumerate(chosen.itertuples()) if _existing(folder, r.category, r.id) is None]
     for i in tqdm(todo, desc="mjhq samples", disable=not progress):
         r = chosen.iloc[i]
-        img = gen.generate([r["prompt"]], seed=bench.batch_seed(seed, i), **sampling)[0].cpu()
-        path = image_path(folder, r["category"], r["id"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        Image.fromarray(img.permute(1, 2, 0).numpy()).save(tmp, format="PNG")
-        tmp.replace(path)
+        img = gen.generate([r["prompt"]], seed=bench.batch_seed(seed, i), **sampling)[0]
+        save_png(image_path(folder, r["category"], r["id"]), img)
     return len(todo)
 
 
 def score_folder(bench: "_MJHQBench", folder, n: int, progress: bool = True) -> Dict[str, dict]:
     """The bench's metrics of a folder's images of its first n prompts (features chunk by chunk)."""
-    import numpy as np
     import torch
-    from PIL import Image
     from tqdm.auto import tqdm
+
+    from bench.io import read_image
     chosen = bench.chosen(n)
     paths = [_existing(folder, r.category, r.id) for r in chosen.itertuples()]
     missing = [str(image_path(folder, r.category, r.id)) for r, p in zip(chosen.itertuples(), paths) if p is None]
@@ -143,8 +143,7 @@ def score_folder(bench: "_MJHQBench", folder, n: int, progress: bool = True) -> 
     C = bench.feature_chunk
     rows: Dict[str, list] = {}
     for s in tqdm(range(0, len(paths), C), desc="mjhq features", disable=not progress):
-        imgs = torch.stack([torch.from_numpy(np.array(Image.open(p).convert("RGB"))).permute(2, 0, 1)
-                            for p in paths[s:s + C]])
+        imgs = torch.stack([read_image(p) for p in paths[s:s + C]])
         for k, v in bench.features(imgs).items():
             rows.setdefault(k, []).append(v)
     return bench.score({k: torch.cat(v) for k, v in rows.items()}, list(chosen["prompt"]), progress=progress)
@@ -163,7 +162,6 @@ def _shapes_reference(weights: str):
 class ShapesMJHQ(_MJHQBench, TinyFeatureBench):
     name, world, model = "shapes-mjhq", "tiny", "tiny-t2i"
     categories = SHAPES_CATEGORIES
-    per_category = SHAPES_PER_CATEGORY
     default_n = len(SHAPES_CATEGORIES) * SHAPES_PER_CATEGORY
     version = 1
     metrics = ("fid", *(f"fid_{c}" for c in SHAPES_CATEGORIES), "fid_mean")
@@ -193,10 +191,9 @@ class ShapesMJHQ(_MJHQBench, TinyFeatureBench):
 def _mjhq_reference(root: str, inception: str, device: str, batch: int):
     """clean-fid features of every MJHQ-30K image (category by category, file order), read 256 at a time."""
     import numpy as np
-    import torch
-    from PIL import Image
     from tqdm.auto import tqdm
 
+    from bench.io import read_image
     from bench.metrics.mjhq import cleanfid_features, load_cleanfid_inception, read_meta
     meta = read_meta(Path(root) / "meta_data.json")
     model = load_cleanfid_inception(inception, device)
@@ -212,8 +209,7 @@ def _mjhq_reference(root: str, inception: str, device: str, batch: int):
                                 f"mjhq30k_imgs.zip there (<category>/<id>.jpg)")
     out = []
     for s in tqdm(range(0, len(paths), 256), desc="MJHQ-30K reference features"):
-        imgs = [torch.from_numpy(np.array(Image.open(p).convert("RGB"))).permute(2, 0, 1) for p in paths[s:s + 256]]
-        out.append(cleanfid_features(imgs, model, batch, device))
+        out.append(cleanfid_features([read_image(p) for p in paths[s:s + 256]], model, batch, device))
     return np.concatenate(out), cats
 
 
@@ -221,7 +217,6 @@ def _mjhq_reference(root: str, inception: str, device: str, batch: int):
 class MJHQ30K(_MJHQBench):
     name, world, model = "mjhq30k", "paper", "infinity-2b"
     categories = MJHQ_CATEGORIES
-    per_category = MJHQ_PER_CATEGORY
     default_n = len(MJHQ_CATEGORIES) * MJHQ_PER_CATEGORY
     version = 1
     metrics = ("fid", *(f"fid_{c}" for c in MJHQ_CATEGORIES), "fid_mean", "clip_score")

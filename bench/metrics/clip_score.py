@@ -10,8 +10,8 @@ tokenizer, which truncates at 77 tokens as ``clip.tokenize(..., truncate=True)``
 ``100 · mean_i cos(image_i, prompt_i)``, not clamped (torchmetrics clamps the mean at 0; DeepCache
 clamps each sample; FastVAR does neither).
 
-Runs in fp32 (FastVAR runs the fp16 model ``clip.load`` gives on CUDA: differences in the 3rd–4th
-digit of the cosine).
+Runs in fp32; FastVAR runs the fp16 model ``clip.load`` gives on CUDA (a difference varbench has not
+measured).
 """
 from __future__ import annotations
 
