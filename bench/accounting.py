@@ -34,12 +34,20 @@ def sampling_flops(gen: Generator, cfg: Optional[float] = SAMPLING["cfg"], top_k
     (Sampling keywords as the record's ``sampling``; only ``cfg`` changes the count.) Counted on the
     official loop, AdaLN recomputed at every scale (varbench's sampler computes it once: e.g. 1.3 %
     fewer FLOPs on var-d16), so counts compare with the papers'."""
+    return _per_scale_flops(gen, cfg, top_k, top_p)[0]
+
+
+def _per_scale_flops(gen: Generator, cfg: Optional[float], top_k: int, top_p: float):
+    """(total, FLOPs per sampled scale): each scale's share is what ran since the previous scale's logits
+    (its input embedding, the block stack when it starts a pass, its head), the attribution of the
+    latency bench's per-scale times."""
     g = _meta_copy(gen)
     fc = FlopCounterMode(display=False)
+    marks = []
     with fc:
-        g.sample_tokens(torch.zeros(1, dtype=torch.long, device="meta"), seed=None, cfg=cfg,
-                        top_k=top_k, top_p=top_p, cache_adaln=False)
-    return int(fc.get_total_flops())
+        g.sample_tokens(torch.zeros(1, dtype=torch.long, device="meta"), seed=None, cfg=cfg, top_k=top_k,
+                        top_p=top_p, cache_adaln=False, logits_hook=lambda si, _: marks.append(fc.get_total_flops()))
+    return int(fc.get_total_flops()), [int(b - a) for a, b in zip([0] + marks, marks)]
 
 
 def decode_flops(gen: Generator) -> int:
@@ -79,10 +87,12 @@ def info(gen: Generator, name: str = "", image_size: Optional[int] = None) -> di
 TEXT_TOKENS = 32   # prompt length (text-encoder tokens) of the weight-free FLOP count: a typical prompt
 
 
-def t2i_sampling_flops(gen, text_tokens: int = TEXT_TOKENS, cfg: Optional[float] = 4.0, by_op: bool = False):
+def t2i_sampling_flops(gen, text_tokens: int = TEXT_TOKENS, cfg: Optional[float] = 4.0, by_op: bool = False,
+                       per_scale: bool = False):
     """Transformer FLOPs (text projections, blocks, head) to sample one image with a prompt of
     ``text_tokens`` tokens; ``cfg`` None or 1 = the conditional batch alone. ``by_op``: a dict
-    {aten op: FLOPs} instead (matrix products vs attention)."""
+    {aten op: FLOPs} instead (matrix products vs attention); ``per_scale``: a list, the FLOPs of each
+    sampled scale as ``_per_scale_flops`` attributes them."""
     from bench.models.t2i import T2IGenerator
     with torch.device("meta"):
         g = gen if gen.device.type == "meta" else T2IGenerator(type(gen.infinity)(gen.infinity.cfg),
@@ -92,9 +102,13 @@ def t2i_sampling_flops(gen, text_tokens: int = TEXT_TOKENS, cfg: Optional[float]
     feats = torch.zeros(1, text_tokens, Ct5, device="meta")
     mask = torch.ones(1, text_tokens, dtype=torch.bool, device="meta")
     fc = FlopCounterMode(display=False)
+    marks = []
     with fc:
         g.sample_bits(feats, mask, seed=None, cfg=1.0 if cfg is None else cfg, tau=1.0, top_k=0, top_p=0.0,
-                      cache_text_kv=False)   # the official loop (text K/V per scale), as the papers count
+                      cache_text_kv=False,   # the official loop (text K/V per scale), as the papers count
+                      logits_hook=lambda si, _: marks.append(fc.get_total_flops()))
+    if per_scale:
+        return [int(b - a) for a, b in zip([0] + marks, marks)]
     if by_op:
         counts = fc.get_flop_counts().get("Global", {})
         return {str(op).split(".")[1] if "." in str(op) else str(op): int(n) for op, n in counts.items()}
@@ -126,6 +140,31 @@ def model_cost(gen, sampling: dict) -> dict:
                 "flops_no_cfg": t2i_sampling_flops(gen, T, cfg=None)}
     return {"params": count_params(gen.var), "tokenizer_params": count_params(gen.vae),
             "flops": sampling_flops(gen, **sampling), "flops_no_cfg": sampling_flops(gen, **{**sampling, "cfg": None})}
+
+
+def scale_costs(gen, sampling: dict) -> dict:
+    """Per sampled scale (the latency bench's breakdown): ``scale_flops``, the FLOPs attributed to it
+    (``_per_scale_flops``), and ``scale_passes``, whether it starts a pass through the block stack (false
+    for the later scales of a group that LazyVAR decodes in one pass; trailing skipped scales are not
+    listed)."""
+    from bench.models.t2i import T2IGenerator
+    if isinstance(gen, T2IGenerator):
+        T = min(TEXT_TOKENS, gen.infinity.cfg.text_maxlen)
+        flops = t2i_sampling_flops(gen, T, cfg=sampling.get("cfg"), per_scale=True)
+    else:
+        keys = ("cfg", "top_k", "top_p")
+        flops = _per_scale_flops(gen, **{k: sampling.get(k, SAMPLING[k]) for k in keys})[1]
+    return {"scale_flops": flops, "scale_passes": pass_starts(gen.token_policy, len(gen.scales_hw))[:len(flops)]}
+
+
+def pass_starts(policy, n_scales: int) -> list:
+    """For every scale the policy samples, in order: whether it starts a pass through the block stack."""
+    out = []
+    for group in policy.groups(n_scales):
+        if policy.skip(group[0]):
+            break
+        out += [True] + [False] * (len(group) - 1)
+    return out
 
 
 def t2i_info(gen, card, text_tokens: int = TEXT_TOKENS) -> dict:

@@ -749,8 +749,11 @@ def build_parser() -> argparse.ArgumentParser:
                                     "CFG on, VQVAE decode included) after --warmup untimed ones, --reps times per "
                                     "configuration. Several --method options are compared in one run, alternated "
                                     "(order rotated per repetition); ratios are ratios of medians. Prints median, "
-                                    "IQR, p90, a 95% bootstrap CI of the median, images/s, peak memory and a "
-                                    "per-scale breakdown; writes one record per configuration "
+                                    "IQR, p90, a 95% bootstrap CI of the median, images/s, peak memory, a "
+                                    "per-scale breakdown and a pass-cost model (time = a per pass through the "
+                                    "blocks + b per FLOP, fitted on the first configuration: what each other "
+                                    "configuration would take without overhead of its own); writes one record per "
+                                    "configuration "
                                     "(<results>/<world>/<model>/latency/<key>.json).")
     sp.add_argument("--model", required=True, help="registered model (varbench list models)")
     sp.add_argument("--method", action="append", default=None,

@@ -18,7 +18,16 @@ mark (VmHWM, reset before the timed generations where the kernel allows it, else
 Per-scale breakdown: separate, synchronised generations (after the timed ones) that read the clock
 when each scale's logits are ready; ``scale_ms[i]`` runs from the previous scale's logits (scale 0:
 from the start) and includes the previous scale's sampling and VQVAE step; ``decode_ms`` is the
-VQVAE decode and uint8 conversion.
+VQVAE decode and uint8 conversion. The record's cost holds beside them each scale's FLOPs attributed
+the same way (``scale_flops``, ``bench.accounting.scale_costs``) and whether it starts a pass through the
+block stack (``scale_passes``: LazyVAR decodes a group of scales in one pass).
+
+Pass-cost model (printed, not recorded): the FLOPs ratio assumes time ∝ FLOPs, which fails where a
+pass through the blocks costs time regardless of its tokens (at batch 1 on a CPU: streaming every
+block's weights from memory, the per-op overhead of a small model). The report fits
+t_s = a + b·F_s to the first configuration's scales 2…K and predicts each configuration with the same
+weights from its own per-scale FLOPs and passes; measured time over predicted time near 1 says a
+method's gathers, scoring and restores cost nothing beyond the FLOPs it keeps.
 
 ``compile``: each transformer block is wrapped by ``torch.compile`` before the warm-up; the extra
 time of the first warm-up generation over the second is reported as ``compile_s`` (not in the
@@ -257,7 +266,7 @@ def run_latency(specs, root=None, ckpt_dir=None, force: bool = False, progress: 
 def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_reps: int) -> List[dict]:
     import torch
 
-    from bench.accounting import model_cost
+    from bench.accounting import model_cost, scale_costs
     from bench.records import find_record, make_record, write_record
     from bench.registry import MODELS
     from bench.runner import preflight, prepared_generator
@@ -330,7 +339,7 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_r
                                     "ci95": [batch * 1e3 / lat["ci95"][1], batch * 1e3 / lat["ci95"][0]]},
                    "peak_mem_mb": {"value": r["peak_mem_mb"], "n": lat["n"], "kind": r["peak_mem_kind"]}}
         cost = {**{k: v for k, v in model_cost(gen, spec.sampling).items() if v is not None},
-                "batch": batch, "device": device,
+                **scale_costs(gen, spec.sampling), "batch": batch, "device": device,
                 "per_scale_ms": r["breakdown"]["scale_ms"], "decode_ms": r["breakdown"]["decode_ms"],
                 "breakdown_n": r["breakdown"]["n"], "threads": thread_info()}
         if r["compile_s"] is not None:
@@ -376,6 +385,44 @@ def report(specs, records, labels: Sequence[str]) -> str:
         lines.append(f"  {lab[:32]:32s} " + " ".join(f"{x:.0f}" for x in c["per_scale_ms"])
                      + f" | decode {c['decode_ms']:.0f}" + (f" | compile {c['compile_s']:.1f} s" if "compile_s" in c else "")
                      + (f" | scales {scales:.0f} ms, {base_scales / scales:.2f}×" if scales > 0 else ""))
+    model = pass_model(base["cost"])
+    if model is not None:
+        a, b, r2 = model
+        lines.append(f"pass-cost model from the first configuration's scales 2…K: t = {a:.1f} ms per pass through the "
+                     f"blocks + {b:.2f} ms/GFLOP (R² {r2:.3f}); what each configuration would take if its passes "
+                     f"cost what the first's do at the same FLOPs (scale 1 as measured for the first; same weights only):")
+        for lab, rec in zip(labels, records):
+            pred = predicted_scales_ms(rec["cost"], base["cost"], a, b)
+            if pred is None or rec["cost"].get("params") != base["cost"].get("params"):
+                continue   # no breakdown, or other weights (a pass's fixed cost scales with them)
+            scales = sum(rec["cost"]["per_scale_ms"])
+            lines.append(f"  {lab[:32]:32s} predicted {pred:.0f} ms, {base_scales / pred:.2f}× "
+                         f"(measured {base_scales / scales:.2f}×: {scales / pred:.2f} of predicted time)")
     lines.append("speed-up = median of the first configuration / median of this one (one run, same machine); "
                  "FLOPs ratio likewise from the transformer's sampling FLOPs")
     return "\n".join(lines)
+
+
+def pass_model(base_cost: dict):
+    """Least-squares fit t_s = a + b·F_s of the per-scale times (ms) against the per-scale FLOPs (GFLOPs)
+    over scales 2…K of a configuration that passes every scale through the blocks (scale 1 also holds the
+    condition's setup, e.g. the text encoder): (a, b, R²), or None when the record lacks the breakdown.
+    ``a`` is what a pass costs regardless of its tokens (reading every block's weights, per-op overhead),
+    which the FLOPs ratio leaves out."""
+    t, f = base_cost.get("per_scale_ms"), base_cost.get("scale_flops")
+    if not t or not f or len(t) != len(f) or len(t) < 4 or not all(base_cost.get("scale_passes", [])):
+        return None
+    t_s, f_s = np.asarray(t[1:], float), np.asarray(f[1:], float) / 1e9
+    b, a = np.polyfit(f_s, t_s, 1)
+    resid = t_s - (a + b * f_s)
+    r2 = 1 - float(resid @ resid) / float(((t_s - t_s.mean()) ** 2).sum())
+    return float(a), float(b), r2
+
+
+def predicted_scales_ms(cost: dict, base_cost: dict, a: float, b: float) -> Optional[float]:
+    """A configuration's scales time under the pass-cost model: scale 1 as the base measured it, every
+    later scale b·F_s, plus a if it starts a pass (``scale_passes``)."""
+    f, passes = cost.get("scale_flops"), cost.get("scale_passes")
+    if not f or passes is None or len(passes) != len(f):
+        return None
+    return base_cost["per_scale_ms"][0] + sum(a * p + b * x / 1e9 for x, p in zip(f[1:], passes[1:]))

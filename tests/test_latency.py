@@ -83,6 +83,8 @@ def test_cli_compares_two_chains_writes_records_and_reuses_them(tmp_path, capsys
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "dense" in out and "magnitude:sparsity=0.4" in out and "speed-up" in out and "1.00×" in out
+    predicted = [line.split()[0] for line in out.splitlines() if " predicted " in line]
+    assert "pass-cost model" in out and predicted == ["dense"]   # other weights: no prediction
     paths = sorted(tmp_path.glob("tiny/tiny-var/latency/*.json"))
     assert len(paths) == 2
     recs = [read_record(p) for p in paths]
@@ -94,6 +96,7 @@ def test_cli_compares_two_chains_writes_records_and_reuses_them(tmp_path, capsys
         assert lat["value"] > 0 and len(lat["times_ms"]) == 3 and lat["iqr"] >= 0
         assert r["metrics"]["images_per_s"]["value"] == pytest.approx(1e3 / lat["value"])
         assert len(r["cost"]["per_scale_ms"]) == 7 and r["cost"]["decode_ms"] > 0
+        assert len(r["cost"]["scale_flops"]) == 7 and r["cost"]["scale_passes"] == [True] * 7
         assert r["cost"]["threads"]["intra_op"] == 1
     pruned = next(r for r in recs if r["spec"]["methods"])
     dense = next(r for r in recs if not r["spec"]["methods"])
@@ -196,3 +199,37 @@ def test_text_to_image_models_are_timed_on_the_worlds_geneval_prompts(tmp_path, 
     with pytest.raises(ValueError, match="class-conditional VAR models"):
         latency_specs("tiny-t2i", ["dense"], 3, 0, dict(device="coreml", batch=1, threads=None, compile=False,
                                                          warmup=1, compute_units="ALL", precision="fp16"))
+
+
+def test_scale_costs_attribute_flops_to_scales_and_passes(small_gen):
+    from bench.accounting import sampling_flops, scale_costs
+    from bench.method import Context, build_method
+    gen = small_gen
+    dense = scale_costs(gen, {"cfg": 2.0})
+    K = len(gen.scales_hw)
+    assert dense["scale_passes"] == [True] * K and len(dense["scale_flops"]) == K
+    # every scale's share is positive and grows with its tokens; together they are the sampling FLOPs
+    # but the last scale's VQVAE step after its logits (φ)
+    f = dense["scale_flops"]
+    assert all(b > a > 0 for a, b in zip(f, f[1:]))
+    assert 0.99 * sampling_flops(gen, cfg=2.0) < sum(f) <= sampling_flops(gen, cfg=2.0)
+    build_method("lazyvar:keep=0.5/0.5/0.5").apply(gen, Context())
+    lazy = scale_costs(gen, {"cfg": 2.0})
+    assert lazy["scale_passes"] == [True] * (K - 2) + [False, False]
+    # the group's pass is on its first scale; the others only embed and read their kept tokens' logits
+    assert max(lazy["scale_flops"][-2:]) < 0.2 * lazy["scale_flops"][-3]
+    assert lazy["scale_flops"][:K - 3] == f[:K - 3]
+
+
+def test_pass_model_recovers_an_affine_cost_and_predicts_other_passes():
+    from bench.latency import pass_model, predicted_scales_ms
+    F_s = [0.1e9, 1e9, 2e9, 4e9, 8e9]
+    base = {"per_scale_ms": [9.0] + [5 + 2 * x / 1e9 for x in F_s[1:]], "scale_flops": F_s,
+            "scale_passes": [True] * 5}
+    a, b, r2 = pass_model(base)
+    assert (a, b, r2) == pytest.approx((5.0, 2.0, 1.0))
+    assert predicted_scales_ms(base, base, a, b) == pytest.approx(sum(base["per_scale_ms"]))
+    grouped = {"scale_flops": [0.1e9, 1e9, 3e9, 0.5e9, 0.5e9], "scale_passes": [True, True, True, False, False]}
+    assert predicted_scales_ms(grouped, base, a, b) == pytest.approx(9 + (5 + 2) + (5 + 6) + 1 + 1)
+    assert pass_model({**base, "scale_passes": [True, True, False, True, True]}) is None   # not all passes
+    assert pass_model({"per_scale_ms": base["per_scale_ms"]}) is None                      # an older record
