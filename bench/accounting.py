@@ -47,7 +47,7 @@ def _per_scale_flops(gen: Generator, cfg: Optional[float], top_k: int, top_p: fl
     with fc:
         g.sample_tokens(torch.zeros(1, dtype=torch.long, device="meta"), seed=None, cfg=cfg, top_k=top_k,
                         top_p=top_p, cache_adaln=False, logits_hook=lambda si, _: marks.append(fc.get_total_flops()))
-    return int(fc.get_total_flops()), [int(b - a) for a, b in zip([0] + marks, marks)]
+    return int(fc.get_total_flops()), _shares(marks)
 
 
 def decode_flops(gen: Generator) -> int:
@@ -87,12 +87,20 @@ def info(gen: Generator, name: str = "", image_size: Optional[int] = None) -> di
 TEXT_TOKENS = 32   # prompt length (text-encoder tokens) of the weight-free FLOP count: a typical prompt
 
 
-def t2i_sampling_flops(gen, text_tokens: int = TEXT_TOKENS, cfg: Optional[float] = 4.0, by_op: bool = False,
-                       per_scale: bool = False):
+def t2i_sampling_flops(gen, text_tokens: int = TEXT_TOKENS, cfg: Optional[float] = 4.0, by_op: bool = False):
     """Transformer FLOPs (text projections, blocks, head) to sample one image with a prompt of
     ``text_tokens`` tokens; ``cfg`` None or 1 = the conditional batch alone. ``by_op``: a dict
-    {aten op: FLOPs} instead (matrix products vs attention); ``per_scale``: a list, the FLOPs of each
-    sampled scale as ``_per_scale_flops`` attributes them."""
+    {aten op: FLOPs} instead (matrix products vs attention)."""
+    fc, _ = _t2i_count(gen, text_tokens, cfg)
+    if by_op:
+        counts = fc.get_flop_counts().get("Global", {})
+        return {str(op).split(".")[1] if "." in str(op) else str(op): int(n) for op, n in counts.items()}
+    return int(fc.get_total_flops())
+
+
+def _t2i_count(gen, text_tokens: int, cfg: Optional[float]):
+    """(the flop counter after one sampling of a ``text_tokens`` prompt, FLOPs per sampled scale as
+    ``_per_scale_flops`` attributes them)."""
     from bench.models.t2i import T2IGenerator
     with torch.device("meta"):
         g = gen if gen.device.type == "meta" else T2IGenerator(type(gen.infinity)(gen.infinity.cfg),
@@ -107,12 +115,12 @@ def t2i_sampling_flops(gen, text_tokens: int = TEXT_TOKENS, cfg: Optional[float]
         g.sample_bits(feats, mask, seed=None, cfg=1.0 if cfg is None else cfg, tau=1.0, top_k=0, top_p=0.0,
                       cache_text_kv=False,   # the official loop (text K/V per scale), as the papers count
                       logits_hook=lambda si, _: marks.append(fc.get_total_flops()))
-    if per_scale:
-        return [int(b - a) for a, b in zip([0] + marks, marks)]
-    if by_op:
-        counts = fc.get_flop_counts().get("Global", {})
-        return {str(op).split(".")[1] if "." in str(op) else str(op): int(n) for op, n in counts.items()}
-    return int(fc.get_total_flops())
+    return fc, _shares(marks)
+
+
+def _shares(marks) -> list:
+    """Per-scale FLOPs from the running totals read at each scale's logits."""
+    return [int(b - a) for a, b in zip([0] + marks, marks)]
 
 
 def t2i_decode_flops(gen) -> int:
@@ -126,35 +134,28 @@ def t2i_decode_flops(gen) -> int:
     return int(fc.get_total_flops())
 
 
-def model_cost(gen, sampling: dict) -> dict:
+def model_cost(gen, sampling: dict, per_scale: bool = False) -> dict:
     """A run record's model costs: params, tokenizer_params, flops and flops_no_cfg per image (and, for
     text-to-image generators, text_encoder_params and the prompt length of the FLOP count: ``TEXT_TOKENS``
-    or the model's longest prompt if shorter)."""
+    or the model's longest prompt if shorter). ``per_scale`` (the latency bench's breakdown) adds, from the
+    same count: ``scale_flops``, the FLOPs of each sampled scale as ``_per_scale_flops`` attributes them,
+    and ``scale_passes``, whether it starts a pass through the block stack (false for the later scales
+    of a group that LazyVAR decodes in one pass; trailing skipped scales are not listed)."""
     from bench.models.t2i import T2IGenerator
     if isinstance(gen, T2IGenerator):
         T = min(TEXT_TOKENS, gen.infinity.cfg.text_maxlen)
         text = gen.text_encoder
-        return {"params": count_params(gen.infinity), "tokenizer_params": count_params(gen.vae),
-                "text_encoder_params": None if text is None else count_params(text), "text_tokens": T,
-                "flops": t2i_sampling_flops(gen, T, cfg=sampling.get("cfg")),
-                "flops_no_cfg": t2i_sampling_flops(gen, T, cfg=None)}
-    return {"params": count_params(gen.var), "tokenizer_params": count_params(gen.vae),
-            "flops": sampling_flops(gen, **sampling), "flops_no_cfg": sampling_flops(gen, **{**sampling, "cfg": None})}
-
-
-def scale_costs(gen, sampling: dict) -> dict:
-    """Per sampled scale (the latency bench's breakdown): ``scale_flops``, the FLOPs attributed to it
-    (``_per_scale_flops``), and ``scale_passes``, whether it starts a pass through the block stack (false
-    for the later scales of a group that LazyVAR decodes in one pass; trailing skipped scales are not
-    listed)."""
-    from bench.models.t2i import T2IGenerator
-    if isinstance(gen, T2IGenerator):
-        T = min(TEXT_TOKENS, gen.infinity.cfg.text_maxlen)
-        flops = t2i_sampling_flops(gen, T, cfg=sampling.get("cfg"), per_scale=True)
+        fc, scales = _t2i_count(gen, T, sampling.get("cfg"))
+        out = {"params": count_params(gen.infinity), "tokenizer_params": count_params(gen.vae),
+               "text_encoder_params": None if text is None else count_params(text), "text_tokens": T,
+               "flops": int(fc.get_total_flops()), "flops_no_cfg": t2i_sampling_flops(gen, T, cfg=None)}
     else:
-        keys = ("cfg", "top_k", "top_p")
-        flops = _per_scale_flops(gen, **{k: sampling.get(k, SAMPLING[k]) for k in keys})[1]
-    return {"scale_flops": flops, "scale_passes": pass_starts(gen.token_policy, len(gen.scales_hw))[:len(flops)]}
+        flops, scales = _per_scale_flops(gen, **{k: sampling.get(k, SAMPLING[k]) for k in ("cfg", "top_k", "top_p")})
+        out = {"params": count_params(gen.var), "tokenizer_params": count_params(gen.vae),
+               "flops": flops, "flops_no_cfg": sampling_flops(gen, **{**sampling, "cfg": None})}
+    if per_scale:
+        out.update(scale_flops=scales, scale_passes=pass_starts(gen.token_policy, len(gen.scales_hw))[:len(scales)])
+    return out
 
 
 def pass_starts(policy, n_scales: int) -> list:

@@ -19,7 +19,7 @@ Per-scale breakdown: separate, synchronised generations (after the timed ones) t
 when each scale's logits are ready; ``scale_ms[i]`` runs from the previous scale's logits (scale 0:
 from the start) and includes the previous scale's sampling and VQVAE step; ``decode_ms`` is the
 VQVAE decode and uint8 conversion. The record's cost holds beside them each scale's FLOPs attributed
-the same way (``scale_flops``, ``bench.accounting.scale_costs``) and whether it starts a pass through the
+the same way (``scale_flops``, ``bench.accounting.model_cost``) and whether it starts a pass through the
 block stack (``scale_passes``: LazyVAR decodes a group of scales in one pass).
 
 Pass-cost model (printed, not recorded): the FLOPs ratio assumes time ∝ FLOPs, which fails where a
@@ -266,7 +266,7 @@ def run_latency(specs, root=None, ckpt_dir=None, force: bool = False, progress: 
 def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_reps: int) -> List[dict]:
     import torch
 
-    from bench.accounting import model_cost, scale_costs
+    from bench.accounting import model_cost
     from bench.records import find_record, make_record, write_record
     from bench.registry import MODELS
     from bench.runner import preflight, prepared_generator
@@ -338,8 +338,8 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_r
                    "images_per_s": {"value": batch * 1e3 / lat["value"], "n": lat["n"],
                                     "ci95": [batch * 1e3 / lat["ci95"][1], batch * 1e3 / lat["ci95"][0]]},
                    "peak_mem_mb": {"value": r["peak_mem_mb"], "n": lat["n"], "kind": r["peak_mem_kind"]}}
-        cost = {**{k: v for k, v in model_cost(gen, spec.sampling).items() if v is not None},
-                **scale_costs(gen, spec.sampling), "batch": batch, "device": device,
+        cost = {**{k: v for k, v in model_cost(gen, spec.sampling, per_scale=True).items() if v is not None},
+                "batch": batch, "device": device,
                 "per_scale_ms": r["breakdown"]["scale_ms"], "decode_ms": r["breakdown"]["decode_ms"],
                 "breakdown_n": r["breakdown"]["n"], "threads": thread_info()}
         if r["compile_s"] is not None:

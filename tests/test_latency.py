@@ -201,20 +201,20 @@ def test_text_to_image_models_are_timed_on_the_worlds_geneval_prompts(tmp_path, 
                                                          warmup=1, compute_units="ALL", precision="fp16"))
 
 
-def test_scale_costs_attribute_flops_to_scales_and_passes(small_gen):
-    from bench.accounting import sampling_flops, scale_costs
+def test_per_scale_costs_attribute_flops_to_scales_and_passes(small_gen):
+    from bench.accounting import model_cost
     from bench.method import Context, build_method
     gen = small_gen
-    dense = scale_costs(gen, {"cfg": 2.0})
+    dense = model_cost(gen, {"cfg": 2.0}, per_scale=True)
     K = len(gen.scales_hw)
     assert dense["scale_passes"] == [True] * K and len(dense["scale_flops"]) == K
     # every scale's share is positive and grows with its tokens; together they are the sampling FLOPs
     # but the last scale's VQVAE step after its logits (φ)
     f = dense["scale_flops"]
     assert all(b > a > 0 for a, b in zip(f, f[1:]))
-    assert 0.99 * sampling_flops(gen, cfg=2.0) < sum(f) <= sampling_flops(gen, cfg=2.0)
+    assert 0.99 * dense["flops"] < sum(f) <= dense["flops"]
     build_method("lazyvar:keep=0.5/0.5/0.5").apply(gen, Context())
-    lazy = scale_costs(gen, {"cfg": 2.0})
+    lazy = model_cost(gen, {"cfg": 2.0}, per_scale=True)
     assert lazy["scale_passes"] == [True] * (K - 2) + [False, False]
     # the group's pass is on its first scale; the others only embed and read their kept tokens' logits
     assert max(lazy["scale_flops"][-2:]) < 0.2 * lazy["scale_flops"][-3]
