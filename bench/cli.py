@@ -549,10 +549,11 @@ def _cmd_mjhq_generate(args) -> int:
 
 def _cmd_mjhq_score(args) -> int:
     from bench.benches.mjhq import score_folder
+    from bench.runner import sample_features
     bench = _mjhq_bench(args.bench)
     n = bench.check_n(args.n if args.n is not None else bench.default_n)
     bench.preflight()
-    metrics = score_folder(bench, args.folder, n, progress=not args.quiet)
+    metrics = score_folder(bench, args.folder, n, sample_features, progress=not args.quiet)
     if args.json:
         print(json.dumps(metrics, indent=1))
     else:

@@ -23,8 +23,10 @@ the same way (``scale_flops``, ``bench.accounting.model_cost``) and whether it s
 block stack (``scale_passes``: LazyVAR decodes a group of scales in one pass).
 
 Pass-cost model (printed, not recorded): the FLOPs ratio assumes time ∝ FLOPs, which fails where a
-pass through the blocks costs time regardless of its tokens (at batch 1 on a CPU: streaming every
-block's weights from memory, the per-op overhead of a small model). The report fits
+scale that runs the blocks costs a fixed time whatever its tokens (reading every block's weights, the
+per-op overhead of small matrices, the scale's sampling step; var-d16 at batch 1 on 2 CPU cores: 87 ms,
+of which reading the blocks' 0.81 GB of fp32 weights at the 23 GB/s a sum over memory reaches there is
+about 35 ms). The report fits
 t_s = a + b·F_s to the first configuration's scales 2…K and predicts each configuration with the same
 weights from its own per-scale FLOPs and passes; measured time over predicted time near 1 says a
 method's gathers, scoring and restores cost nothing beyond the FLOPs it keeps.
@@ -394,7 +396,7 @@ def report(specs, records, labels: Sequence[str]) -> str:
         for lab, rec in zip(labels, records):
             pred = predicted_scales_ms(rec["cost"], base["cost"], a, b)
             if pred is None or rec["cost"].get("params") != base["cost"].get("params"):
-                continue   # no breakdown, or other weights (a pass's fixed cost scales with them)
+                continue   # no breakdown, or other weights (the first's fixed cost per pass need not hold)
             scales = sum(rec["cost"]["per_scale_ms"])
             lines.append(f"  {lab[:32]:32s} predicted {pred:.0f} ms, {base_scales / pred:.2f}× "
                          f"(measured {base_scales / scales:.2f}×: {scales / pred:.2f} of predicted time)")
@@ -407,8 +409,8 @@ def pass_model(base_cost: dict):
     """Least-squares fit t_s = a + b·F_s of the per-scale times (ms) against the per-scale FLOPs (GFLOPs)
     over scales 2…K of a configuration that passes every scale through the blocks (scale 1 also holds the
     condition's setup, e.g. the text encoder): (a, b, R²), or None when the record lacks the breakdown.
-    ``a`` is what a pass costs regardless of its tokens (reading every block's weights, per-op overhead),
-    which the FLOPs ratio leaves out."""
+    ``a`` is what a scale that runs the blocks costs whatever its tokens (weights read, per-op overhead,
+    its sampling step), which the FLOPs ratio leaves out."""
     t, f = base_cost.get("per_scale_ms"), base_cost.get("scale_flops")
     if not t or not f or len(t) != len(f) or len(t) < 4 or not all(base_cost.get("scale_passes", [])):
         return None

@@ -28,7 +28,12 @@ CONDITIONS = {"c2i": "classes", "t2i": "prompts"}
 
 
 class NotRunnable(ValueError):
-    """The model cannot be run by the runner (a table shows the cell empty with this reason)."""
+    """The model cannot be run by the runner: ``reason`` (a table shows the cell empty with it), then
+    what to do instead."""
+
+    def __init__(self, reason: str, hint: str):
+        super().__init__(f"{reason}; {hint}")
+        self.reason = reason
 
 
 def requested_chain(methods: str | Sequence[str] | None) -> List[str]:
@@ -61,7 +66,7 @@ def make_spec(model: str, methods: str | Sequence[str] | None = (), bench: Optio
     kind = getattr(card, "kind", "c2i")
     if kind not in CONDITIONS:
         raise NotRunnable(f"model {model} ({kind}) cannot be run by the runner yet: its generator takes text-model "
-                         f"states, not prompts; `varbench info {model}` gives its weight-free accounting")
+                          f"states, not prompts", f"`varbench info {model}` gives its weight-free accounting")
     takes = CONDITIONS[kind]
     if bench_cls.conditions not in (takes, "any"):
         fits = sorted(b for b in BENCHES.names()
@@ -180,7 +185,7 @@ def table_cells(table, world: str, n: Optional[int] = None, seed: int = 0,
                                  bench_args={**group.bench_args.get(world, {}), **row.bench_args},
                                  sampling=sampling, world=world, ckpt_dir=ckpt_dir, need_ckpt=need_ckpt)
             except NotRunnable as e:
-                cells.append(Cell(row.label, gi, reason=f"not computed: {e}".split(";")[0]))
+                cells.append(Cell(row.label, gi, reason=f"not computed: {e.reason}"))
                 continue
             cells.append(Cell(row.label, gi, spec))
     return cells

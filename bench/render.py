@@ -316,6 +316,12 @@ class TableSpec:
             return f"paper number only in the {world} world: {models} has no {world}-world counterpart"
         return None
 
+def _default_header(metric: str, relative: Optional[str], where: str) -> str:
+    """A column's header when the spec gives none: the metric's, with the relative form's mark."""
+    h = metric_info(metric, where).header
+    return h if relative not in RELATIVE else f"{h} {RELATIVE[relative][0]}"
+
+
 def _parse_column(c: Any, group: int, where: str) -> Column:
     c = _keys(c, ("id", "metric", "header", "format", "scale", "better", "relative"), ("id", "metric"), where)
     per_world: Dict[str, Tuple[str, str]] = {}
@@ -326,8 +332,7 @@ def _parse_column(c: Any, group: int, where: str) -> Column:
         headers = c.get("header") if isinstance(c.get("header"), dict) else {}
         rel = c.get("relative")
         for w, m in metrics.items():
-            h = metric_info(str(m), where).header
-            per_world[w] = (str(m), str(headers.get(w, h if rel not in RELATIVE else f"{h} {RELATIVE[rel][0]}")))
+            per_world[w] = (str(m), str(headers.get(w, _default_header(str(m), rel, where))))
         c = {k: v for k, v in c.items() if k != "header" or not isinstance(v, dict)}
         c["metric"] = per_world[next(iter(metrics))][0]
     elif isinstance(c.get("header"), dict):
@@ -351,7 +356,7 @@ def _parse_column(c: Any, group: int, where: str) -> Column:
             fmt.format(1.0)
         except (ValueError, IndexError, KeyError) as e:
             raise TableSpecError(f"{where}: bad format {fmt!r}: {e}") from None
-    header = c.get("header", info.header if relative is None else f"{info.header} {RELATIVE[relative][0]}")
+    header = c.get("header", _default_header(metric, relative, where))
     col = Column(id=str(c["id"]), metric=metric, header=str(header), format=fmt, scale=float(c.get("scale", 1.0)),
                  better=better, group=group, relative=relative, per_world=per_world)
     if per_world:

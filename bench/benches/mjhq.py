@@ -127,10 +127,12 @@ def generate_folder(gen, bench: "_MJHQBench", folder, n: int, seed: int, samplin
     return len(todo)
 
 
-def score_folder(bench: "_MJHQBench", folder, n: int, progress: bool = True) -> Dict[str, dict]:
-    """The bench's metrics of a folder's images of its first n prompts (features chunk by chunk)."""
+def score_folder(bench: "_MJHQBench", folder, n: int, stream, progress: bool = True) -> Dict[str, dict]:
+    """The bench's metrics of a folder's images of its first n prompts, featurised chunk by chunk as a
+    run's are: ``stream`` is the runner's sample-and-featurise loop (``bench.runner.sample_features``,
+    passed in as ``bench.originals`` gets it: a bench may not import the runner), here with every batch
+    read from the folder."""
     import torch
-    from tqdm.auto import tqdm
 
     from bench.io import read_image
     chosen = bench.chosen(n)
@@ -140,13 +142,10 @@ def score_folder(bench: "_MJHQBench", folder, n: int, progress: bool = True) -> 
         more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
         raise FileNotFoundError(f"{folder}: missing {', '.join(missing[:3])}{more}; generate them "
                                 f"(`varbench mjhq generate` resumes where it stopped)")
-    C = bench.feature_chunk
-    rows: Dict[str, list] = {}
-    for s in tqdm(range(0, len(paths), C), desc="mjhq features", disable=not progress):
-        imgs = torch.stack([read_image(p) for p in paths[s:s + C]])
-        for k, v in bench.features(imgs).items():
-            rows.setdefault(k, []).append(v)
-    return bench.score({k: torch.cat(v) for k, v in rows.items()}, list(chosen["prompt"]), progress=progress)
+    prompts = list(chosen["prompt"])
+    read = lambda lo, hi: torch.stack([read_image(p) for p in paths[lo:hi]])   # noqa: E731
+    feats, _, _ = stream(None, bench, prompts, 0, {}, cached=read, progress=progress, desc="mjhq features")
+    return bench.score(feats, prompts, progress=progress)
 
 
 @lru_cache(maxsize=2)
