@@ -513,11 +513,15 @@ def load_spec(name: str | os.PathLike) -> TableSpec:
 
 
 def _fmt(value: Any, fmt: Optional[str]) -> str:
+    """A cell's text; a value that rounds to zero prints without a sign ("0.00", not "−0.00")."""
     if value is None:
         return ""
     if isinstance(value, str):
         return value
-    return fmt.format(value) if fmt else f"{value:g}"
+    text = fmt.format(value) if fmt else f"{value:g}"
+    if text.startswith("-") and not any(c in "123456789" for c in text.split("e")[0]):
+        text = text[1:]
+    return text
 
 
 def _measure(record: Mapping[str, Any], metric: str) -> Optional[Tuple[float, Optional[float]]]:

@@ -444,3 +444,10 @@ def test_a_row_may_run_another_method_per_world():
         parse_spec({"title": "t", "model": {"tiny": "tiny-t2i"}, "bench": {"tiny": "shapes-geneval"},
                     "groups": [{"columns": [{"id": "g", "metric": "geneval"}]}],
                     "rows": [{"label": "K", "method": {"moon": "lazyvar"}}]}, "x")
+
+
+def test_cells_that_round_to_zero_carry_no_sign():
+    from bench.render import _fmt
+    assert _fmt(-0.001, "{:.2f}") == "0.00" and _fmt(-0.0, None) == "0" and _fmt(-0.004, "{:.1%}") == "-0.4%"
+    assert _fmt(-0.01, "{:.2f}") == "-0.01" and _fmt(-1e-9, "{:.2e}") == "-1.00e-09" and _fmt(-0.0004, "{:.1%}") == "0.0%"
+    assert _fmt(None, "{:.2f}") == "" and _fmt("n/a", "{:.2f}") == "n/a"

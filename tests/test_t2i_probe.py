@@ -79,3 +79,70 @@ def test_partial_images_and_layout_agreement(random_gen):
     assert all(0 <= v <= 1 for v in out["reference"] + out["sampled"])
     inputs = t2i_probe.layout_inputs(vae, schedule, n=8, pool=120)
     assert t2i_probe.layout_agreement(random_gen, dict(cfg=3.0, tau=1.0, top_k=0, top_p=0.97), inputs=inputs) == out
+
+
+def _vae_bits(random_gen, B, seed=0):
+    vae, schedule = random_gen.vae, random_gen.schedule
+    z = torch.randn(B, vae.d, *schedule[-1], generator=torch.Generator().manual_seed(seed))
+    return vae.requantize(z, schedule, 0.0)[0]
+
+
+def test_gt_leak_takes_the_true_prefix(random_gen):
+    """gt_leak = m: the first m scales are the given bits, the later ones sampled from that context with
+    the random stream of m = 0; m = K decodes to the VAE's own image (the official ``gt_leak``)."""
+    prompts = ["a red circle", "two blue squares"]
+    K, sampling = len(random_gen.schedule), dict(cfg=3.0, tau=1.0, top_k=0, top_p=0.97)
+    gt = _vae_bits(random_gen, 2)
+    free, _ = random_gen.sample_tokens(prompts, seed=3, **sampling)
+    assert any(not torch.equal(f, g) for f, g in zip(free, gt))
+    same, _ = random_gen.sample_tokens(prompts, seed=3, gt_leak=0, gt_bits=gt, **sampling)
+    assert all(torch.equal(a, b) for a, b in zip(same, free))
+    one, _ = random_gen.sample_tokens(prompts, seed=3, gt_leak=1, gt_bits=gt, **sampling)
+    assert torch.equal(one[0], gt[0]) and not torch.equal(one[-1], free[-1])
+    full, latent = random_gen.sample_tokens(prompts, seed=3, gt_leak=K, gt_bits=gt, **sampling)
+    assert all(torch.equal(a, b) for a, b in zip(full, gt))
+    parts = t2i_probe.partial_images(random_gen.vae, gt, random_gen.schedule)
+    torch.testing.assert_close(random_gen.vae.decode(latent).add(1).div(2), parts[-1], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("leak, bits, msg", [(-1, None, "0…5"), (6, None, "0…5"), (1.5, None, "integer"),
+                                             (2, "one", "got 1"), (1, None, "got none"), (1, "wrong", r"\[2, 1, 16\]")])
+def test_gt_leak_rejects_bad_input(random_gen, leak, bits, msg):
+    gt = _vae_bits(random_gen, 2)
+    bits = {"one": gt[:1], "wrong": [gt[1]] + gt[1:], None: None}[bits]
+    with pytest.raises(ValueError, match=msg):
+        random_gen.sample_tokens(["a red circle"] * 2, seed=0, gt_leak=leak, gt_bits=bits)
+
+
+def test_failure_modes():
+    from bench.data.scenes_detect import Detection
+
+    def det(shape, colour, x=0):
+        return Detection(shape, colour, (x, 0, x + 4, 4), None, 1.0)
+    two = SceneSpec("two_object", (SceneObject("circle", "red"), SceneObject("square", "blue")))
+    assert t2i_probe.failure_mode(two, [det("circle", "red"), det("square", "blue")]) == "pass"
+    assert t2i_probe.failure_mode(two, [det("circle", "red")]) == "colour missing"
+    assert t2i_probe.failure_mode(two, [det("circle", "red"), det("circle", "blue")]) == "shape wrong"
+    three = SceneSpec("counting", (SceneObject("cross", "green"),) * 3)
+    assert t2i_probe.failure_mode(three, [det("cross", "green", x) for x in (0, 20)]) == "count wrong"
+    assert t2i_probe.failure_mode(three, [det("cross", "green", x) for x in (0, 20, 40)]) == "pass"
+    pos = SceneSpec("position", (SceneObject("circle", "red"), SceneObject("square", "blue")), "left of")
+    assert t2i_probe.failure_mode(pos, [det("circle", "red", 40), det("square", "blue", 0)]) == "relation wrong"
+    assert t2i_probe.failure_mode(pos, [det("circle", "red", 0), det("square", "blue", 40)]) == "pass"
+
+
+def test_prefix_quality_ends_at_the_vae_ceiling(random_gen):
+    """m = K scores the VAE's reconstructions of the scenes: the same pass rate as checking them directly."""
+    from bench.data.scenes_detect import check, detect
+    sampling = dict(cfg=3.0, tau=1.0, top_k=0, top_p=0.97)
+    inputs = t2i_probe.leak_inputs(random_gen.vae, random_gen.schedule, n=4, pool=120, tasks=("two_object",))
+    out = t2i_probe.prefix_quality(random_gen, sampling, inputs=inputs)
+    prompts, specs, bits = inputs["two_object"]
+    rec = random_gen.decode_uint8(sum(torch.nn.functional.interpolate(
+        random_gen.vae.lfq.bits_to_codes(b.view(len(specs), h, w, -1)), size=(1, *random_gen.schedule[-1]),
+        mode="trilinear") for b, (h, w) in zip(bits, random_gen.schedule)).squeeze(2))
+    want = sum(check(s, d) for s, d in zip(specs, detect(rec))) / len(specs)
+    res = out["two_object"]
+    assert res["scenes"] == 4 and len(res["passed"]) == len(random_gen.schedule) + 1
+    assert res["passed"][-1] == round(want, 4)
+    assert sum(res["failures"].values()) == 4

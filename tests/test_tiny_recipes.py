@@ -165,3 +165,29 @@ def test_tiny_t2i_training_loop_records_its_curves():
     assert point["step"] == 2 and set(tiny_t2i.BARS) <= set(point)
     K = len(configs.T2I_SCHEDULE)
     assert all(len(d) == K for d in point["prompt_sensitivity"].values()) and len(point["layout_agreement"]) == K
+
+
+@pytest.mark.parametrize("args, msg", [(["--device", "tpu"], "cpu or cuda"), (["--device", "mps"], "cpu or cuda"),
+                                       (["--steps", "0"], "≥ 1"), (["--device", "cuda", "--isa-pin"], None)])
+def test_tiny_t2i_refuses_bad_options_before_training(args, msg, capsys, monkeypatch):
+    """Wrong devices and step counts are refused with the range, before any data is made or file written
+    (``run`` would fail the test if reached)."""
+    from bench.recipes import tiny_t2i
+    monkeypatch.setattr(tiny_t2i, "run", lambda *a, **k: pytest.fail("training started"))
+    if msg is None:   # cuda: refused where no GPU is visible; with one, --isa-pin is what is refused
+        msg = "isa-pin" if torch.cuda.is_available() else "no CUDA device"
+    with pytest.raises(SystemExit):
+        tiny_t2i.main(args)
+    assert msg in capsys.readouterr().err
+
+
+def test_tiny_t2i_passes_steps_and_device_to_the_run(monkeypatch, tmp_path):
+    from bench.recipes import tiny_t2i
+    seen = {}
+    monkeypatch.setattr(tiny_t2i, "run", lambda out, stages, progress, device, t2i_recipe: seen.update(
+        out=out, stages=stages, device=device, recipe=t2i_recipe))
+    assert tiny_t2i.main(["--out", str(tmp_path), "--stages", "t2i", "--steps", "12", "--device", "cpu"]) == 0
+    assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "steps": 12} and seen["device"] == "cpu"
+    assert seen["stages"] == ["t2i"] and tiny_t2i.T2I_RECIPE["steps"] == 6000
+    tiny_t2i.main(["--out", str(tmp_path)])
+    assert seen["recipe"] is tiny_t2i.T2I_RECIPE and seen["stages"] == list(tiny_t2i.STAGES)

@@ -129,7 +129,7 @@ class Generator(nn.Module):
                     xs.append(x_BLC.repeat(2, 1, 1) if guided else x_BLC)   # the CFG batch
                 xs, _ = enter_group(policy, group, xs, [self.patch_nums[si] for si in group])
                 route = policy.route(group[0])
-                outs = run_group(xs, cached, lambda x, bias: var.run_blocks(x, cond_2BD, bias, route, blocks_ada))
+                outs = run_group(xs, cached, lambda x, bias, route=route: var.run_blocks(x, cond_2BD, bias, route, blocks_ada))
                 cached += sum(x.shape[1] for x in xs)
                 for si, x_BLC in zip(group, outs):
                     pn, ratio = self.patch_nums[si], si / (K - 1)

@@ -409,7 +409,7 @@ class HART(nn.Module):
                         ropes[j] = tuple(t.gather(1, keep.unsqueeze(-1).expand(-1, -1, hd)) for t in ropes[j])
                 cos, sin = ropes[0] if len(group) == 1 else (torch.cat(t, dim=1) for t in zip(*ropes))
                 route = policy.route(group[0])
-                outs = run_group(xs, cached, lambda x, bias: self.run_blocks(x, ada, cos, sin, bias, route))
+                outs = run_group(xs, cached, lambda x, bias, cos=cos, sin=sin, route=route: self.run_blocks(x, ada, cos, sin, bias, route))
                 cached += sum(x.shape[1] for x in xs)
                 for si, x_BLC in zip(group, outs):
                     pn = pns[si]

@@ -80,14 +80,19 @@ class T2IGenerator(nn.Module):
                     cfg: float = INFINITY_SAMPLING["cfg"], tau: float = INFINITY_SAMPLING["tau"],
                     top_k: int = INFINITY_SAMPLING["top_k"], top_p: float = INFINITY_SAMPLING["top_p"],
                     schedule: Optional[Sequence[Tuple[int, int]]] = None, rope_grid: Optional[Tuple[int, int]] = None,
-                    logits_hook: Optional[Callable[[int, torch.Tensor], None]] = None, cache_text_kv: bool = True):
+                    logits_hook: Optional[Callable[[int, torch.Tensor], None]] = None, cache_text_kv: bool = True,
+                    gt_leak: int = 0, gt_bits: Optional[Sequence[torch.Tensor]] = None):
         """(bits per scale [B, h·w, d] int64, the summed latent [B, d, H, W]). ``cfg == 1`` runs the
         conditional batch alone (official); ``logits_hook(si, logits)`` sees the raw logits (after τ,
         before guidance; [cond; uncond] when guided). ``cache_text_kv=False`` recomputes the text's
         cross-attention keys/values at every scale as the official loop does (same values; FLOP
-        accounting counts that loop)."""
+        accounting counts that loop). ``gt_leak`` = m > 0 (official ``gt_leak`` / ``gt_ls_Bl``): the
+        first m scales take ``gt_bits`` (per scale [B, h·w, d], e.g. the VAE's bits of real images)
+        instead of their samples, which are still drawn (the random stream is that of m = 0) — how
+        much quality the later scales lose on a true prefix."""
         inf, vae = self.infinity, self.vae
         schedule = tuple(tuple(s) for s in (schedule or self.schedule))
+        gt_leak = _check_leak(gt_leak, gt_bits, schedule, feats_BTC.shape[0], inf.d)
         rope_grid = tuple(rope_grid or inf.cfg.rope_grid)
         feats_BTC, mask_BT = feats_BTC.to(self.device), mask_BT.to(self.device)
         B, K, d = feats_BTC.shape[0], len(schedule), inf.d
@@ -138,7 +143,7 @@ class T2IGenerator(nn.Module):
                                                       if k is None else k) for si, x, k in zip(group, xs, keeps)], dim=1)
                     rope = inf.rope_fn(cs_2Lh).at(pos_Bl)
                 route = policy.route(group[0])
-                outs = run_group(xs, cached, lambda x, bias: inf.run_blocks(x, gss, text, bias, rope, route))
+                outs = run_group(xs, cached, lambda x, bias, rope=rope, route=route: inf.run_blocks(x, gss, text, bias, rope, route))
                 cached += sum(x.shape[1] for x in xs)
                 for si, x_BLC in zip(group, outs):
                     h, w = schedule[si]
@@ -153,6 +158,9 @@ class T2IGenerator(nn.Module):
                     if guided:   # constant guidance on the logits (cfg_insertion_layer=0)
                         logits_BlV = cfg * logits_BlV[:B] + (1 - cfg) * logits_BlV[B:]
                     bits_Bld = sample_top_k_top_p(logits_BlV.reshape(B, l * d, 2), top_k, top_p, rng).view(B, l, d)
+                    if si < gt_leak:   # sampled, then replaced, as the official loop does
+                        gt_Bld = gt_bits[si].to(bits_Bld)
+                        bits_Bld = gt_Bld if keep_Bl is None else gt_Bld.gather(1, keep_Bl.unsqueeze(-1).expand(-1, -1, d))
                     if keep_Bl is None:
                         codes = vae.lfq.bits_to_codes(bits_Bld.view(B, h, w, d))
                     else:   # pruned positions: zero residual (codes 0), bits -1
@@ -214,6 +222,22 @@ class T2IGenerator(nn.Module):
         w_L = torch.cat([torch.full((h * w,), side_K / (h * w) ** 0.5) for h, w in self.schedule])[:L]
         w_L = (w_L / w_L.sum()).to(ce_BL)
         return ce_BL.mul(w_L).sum(dim=-1).mean()
+
+
+def _check_leak(gt_leak: int, gt_bits, schedule, B: int, d: int) -> int:
+    """``gt_leak`` as an int in 0…K, with ``gt_bits`` of the right shapes for its scales."""
+    K = len(schedule)
+    if isinstance(gt_leak, bool) or not isinstance(gt_leak, int) or not 0 <= gt_leak <= K:
+        raise ValueError(f"gt_leak must be an integer in 0…{K} (the number of scales), got {gt_leak!r}")
+    if gt_leak and (gt_bits is None or len(gt_bits) < gt_leak):
+        have = "none" if gt_bits is None else len(gt_bits)
+        raise ValueError(f"gt_leak={gt_leak} needs gt_bits for its first {gt_leak} scale(s); got {have}")
+    for si in range(gt_leak):
+        want = (B, schedule[si][0] * schedule[si][1], d)
+        if tuple(gt_bits[si].shape) != want:
+            raise ValueError(f"gt_bits[{si}] must have shape {list(want)} (batch, h·w, bits) for scale "
+                             f"{schedule[si]}, got {list(gt_bits[si].shape)}")
+    return gt_leak
 
 
 def _is_prompt_list(x) -> bool:

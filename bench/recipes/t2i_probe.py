@@ -21,8 +21,15 @@ for the model's samples of the scenes' prompts. Per k, the fraction of scenes wh
 the prompt's order along the relation's axis (centroids of the colour-strength maps of
 ``bench.data.scenes_detect``): 0.5 is chance; the reference says at which scale the layout is decided.
 
-``python -m bench.recipes.t2i_probe [--dir FOLDER] [--layout]`` prints the probe (and the layout
-agreement) of a trained tiny-t2i folder (default: the shipped one, or ``$VARBENCH_TINY_DIR``).
+True prefixes (``prefix_quality``). The quality bars again, on ``val`` scenes of each task, with the
+first m scales of every sample replaced by the scene's true bits (the official sampler's ``gt_leak``):
+m = 0 is the model alone, m = K the VAE's reconstruction; where the pass rate climbs is where the model
+loses the scene. With it, the failure modes of the model alone (colour missing, shape wrong, count
+wrong, relation wrong).
+
+``python -m bench.recipes.t2i_probe [--dir FOLDER] [--layout] [--prefix]`` prints the probe (and the
+layout agreement, the true-prefix quality) of a trained tiny-t2i folder (default: the shipped one, or
+``$VARBENCH_TINY_DIR``).
 """
 from __future__ import annotations
 
@@ -128,7 +135,7 @@ def partial_images(vae, bits, schedule) -> List[torch.Tensor]:
 def layout_agrees(img_B3HW: torch.Tensor, specs) -> List[bool]:
     """Per position scene: do its two objects' colours lie in the prompt's order along the relation's
     axis (colour-strength centroids)? The colours must differ."""
-    img = img_B3HW.float()
+    img = img_B3HW.detach().float().cpu()
     img = img.div(255) if img_B3HW.dtype == torch.uint8 else img
     strength = colour_strength(img).clamp(min=0)
     names = list(scenes.COLOUR_NAMES)
@@ -172,6 +179,71 @@ def layout_agreement(gen, sampling: dict, n: int = 150, pool: int = VAL_POOL, se
     return {"scenes": len(specs), "reference": reference, "sampled": _agreement(gen.vae, sampled, gen.schedule, specs)}
 
 
+# ---------------------------------------------------------------------------------------- true prefixes
+LEAK_TASKS = ("single_object", "two_object", "counting", "position")
+FAILURES = ("pass", "colour missing", "shape wrong", "count wrong", "relation wrong", "other")
+
+
+def failure_mode(spec: scenes.SceneSpec, detections) -> str:
+    """Why a scene's check fails, the first that applies: a named colour has no object (``colour
+    missing``); every colour is there but a named (shape, colour) object is not (``shape wrong``); the
+    number of objects of the named kind is off (``count wrong``, one- and many-object prompts); the
+    position relation does not hold (``relation wrong``); else ``other``."""
+    from bench.data.scenes_detect import check
+    if check(spec, detections):
+        return "pass"
+    got = [(x.shape, x.colour) for x in detections]
+    want = [(o.shape, o.colour) for o in spec.objects]
+    if any(c not in {g[1] for g in got} for _, c in want):
+        return "colour missing"
+    if any(w not in got for w in want):
+        return "shape wrong"
+    if spec.task in ("single_object", "colors", "counting") and got.count(want[0]) != len(want):
+        return "count wrong"
+    return "relation wrong" if spec.relation else "other"
+
+
+@torch.no_grad()
+def leak_inputs(vae, schedule, n: int = 100, pool: int = VAL_POOL, tasks=LEAK_TASKS) -> Dict[str, tuple]:
+    """Per task: (prompts, specs, the VAE's bits per scale) of up to ``n`` of the first ``pool`` val scenes."""
+    imgs, prompts, specs = _val(pool)
+    dev = next(vae.parameters()).device
+    out = {}
+    for task in tasks:
+        sel = [i for i, sp in enumerate(specs) if sp.task == task][:n]
+        z = vae.encoder(imgs[sel].float().div(127.5).sub(1).to(dev)).float()
+        bits, _ = vae.requantize(z, schedule, 0.0)
+        out[task] = ([prompts[i] for i in sel], [specs[i] for i in sel], bits)
+    return out
+
+
+@torch.no_grad()
+def prefix_quality(gen, sampling: dict, n: int = 100, pool: int = VAL_POOL, seed: int = 0,
+                   inputs: Optional[Dict[str, tuple]] = None) -> Dict[str, dict]:
+    """Where a sampled scene is lost. Per task, on up to ``n`` val scenes (or ``inputs`` from
+    :func:`leak_inputs`), for m = 0…K: the fraction whose sample passes the detector's check when the
+    first m scales are the scene's true bits (``gt_leak`` = m, ``sampling`` and ``seed`` otherwise):
+    m = 0 is the model alone, m = K the VAE's own reconstruction (the ceiling); the drop from m to m−1
+    is what sampling scale m costs given a true context. ``failures``: the failure modes
+    (:func:`failure_mode`) of the model alone."""
+    from bench.data.scenes_detect import check, detect
+    inputs = inputs or leak_inputs(gen.vae, gen.schedule, n, pool)
+    out = {}
+    for task, (prompts, specs, bits) in inputs.items():
+        feats = gen.encode_prompts(prompts)
+        passed, modes = [], {}
+        for m in range(len(gen.schedule) + 1):
+            _, latent = gen.sample_bits(*feats, seed=seed, gt_leak=m, gt_bits=bits, **sampling)
+            dets = detect(gen.decode_uint8(latent))
+            passed.append(round(sum(check(s, d) for s, d in zip(specs, dets)) / len(specs), 4))
+            if m == 0:
+                for s, d in zip(specs, dets):
+                    mode = failure_mode(s, d)
+                    modes[mode] = modes.get(mode, 0) + 1
+        out[task] = {"scenes": len(specs), "passed": passed, "failures": {f: modes[f] for f in FAILURES if f in modes}}
+    return out
+
+
 def main(argv=None) -> int:
     import argparse
     import json
@@ -185,15 +257,22 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=150, help="scenes per probe (default 150)")
     p.add_argument("--layout", action="store_true",
                    help="also the layout agreement of position scenes per scale (the card's sampling, seed 0)")
+    p.add_argument("--prefix", action="store_true",
+                   help="also the quality bars with the true bits of the first m scales, m = 0…K, and the failure "
+                        "modes of the model alone (the card's sampling, seed 0, --n scenes per task)")
     a = p.parse_args(argv)
     if a.n < 1:
         p.error(f"--n must be ≥ 1, got {a.n}")
     folder = Path(a.dir) if a.dir else tiny_assets_dir()
     gen = load_tiny_t2i(folder)
     out = prompt_sensitivity(gen, a.n)
-    if a.layout:
+    if a.layout or a.prefix:
         from bench.registry import MODELS
-        out["layout"] = layout_agreement(gen, dict(MODELS.get("tiny-t2i").sampling), a.n)
+        sampling = dict(MODELS.get("tiny-t2i").sampling)
+    if a.layout:
+        out["layout"] = layout_agreement(gen, sampling, a.n)
+    if a.prefix:
+        out["prefix"] = prefix_quality(gen, sampling, a.n)
     print(json.dumps(out, indent=1))
     return 0
 

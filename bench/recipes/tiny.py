@@ -206,7 +206,7 @@ def save_safetensors(module: torch.nn.Module, path: Path, config: dict, half: bo
     from safetensors.torch import save
 
     from bench.io import atomic_write_bytes, canonical_safetensors
-    sd = {k: (v.detach().half() if half and v.is_floating_point() else v.detach()).contiguous().clone()
+    sd = {k: (v.detach().half() if half and v.is_floating_point() else v.detach()).cpu().contiguous().clone()
           for k, v in module.state_dict().items()}
     atomic_write_bytes(path, canonical_safetensors(save(sd, metadata={"config": json.dumps(config)})))
 

@@ -92,6 +92,24 @@ with manifest entries (sha256, recipe, seed, thread count, SIMD level, curves, q
    evaluation 5 minutes) reads the relation (delta 0.038 nats/bit at 2×2; its sampled layouts, cfg 3,
    τ 1, still 0.54), and 500 steps of the recipe's full-schedule mix afterwards (fresh optimiser,
    warm-up to the same peak rate) erase it (delta ≤ 0.0002 at every scale; stopped there).
+
+   Where the scenes are lost (the shipped files; ``python -m bench.recipes.t2i_probe --prefix``, 100
+   val scenes per task, the card's sampling). Failures of the model alone: two-object 63 of 72 have
+   both colours and a wrong shape (9 miss a colour), position 60 of 84 (7 miss a colour, 17 have the
+   relation wrong), counting 33 of 44 miscount; wrong shapes are mostly squares drawn as circles and
+   crosses as triangles (100 eval prompts, two-object: 24 of 35 squares read as circles, 14 of 32 crosses
+   as triangles; single objects: 4 of 24 squares as circles). With the true bits of the first m scales (m = 0…5; m = 5 is the VAE's
+   reconstruction): two-object 0.28 / 0.24 / 0.39 / 0.51 / 0.69 / 0.88, position 0.16 / 0.15 / 0.35 /
+   0.52 / 0.69 / 0.92, counting 0.56 / 0.55 / 0.51 / 0.72 / 0.75 / 0.82: every scale from 2×2 on loses
+   part of the scene, and given the true 6×6 context the 8×8 step alone still drops two-object scenes
+   from 0.88 to 0.69 (0.54–0.73 over cfg 1, 3, 6 and τ 1, 0.3, 0.05). The model is under-fit, not
+   over-fit: its teacher-forced cross-entropy on 960 train and 960 val scenes is the same (0.4147 vs
+   0.4159 nats/bit). Sampling does not close the gap (100 eval prompts per task, two-object /
+   position): cfg 3 τ 1 0.28 / 0.06, cfg 5 0.32 / 0.12, cfg 8 0.25 / 0.10, cfg 3 τ 0.5 0.29 / 0.13, cfg 5
+   τ 0.5 0.34 / 0.11. Growing the model does not fit the budget on this machine: a training step
+   (batch 48, 2 threads) takes 0.83 s at depth 4 / width 192 and 2.08 s at depth 6 / width 256 (6,000
+   steps: 3 h 28 min), and bf16 autocast is slower, not faster (1.46 s and 2.64 s; one run of 10
+   steps each).
    Deviations: the loss averages every token alike (official ``train.sh`` reweights by
    scale); the weights are stored as fp16 (the final quality figures are measured on the stored
    weights).
@@ -100,6 +118,13 @@ with manifest entries (sha256, recipe, seed, thread count, SIMD level, curves, q
    present, counting exact (2–4), position; written into the manifest with the sampling settings.
 
 Each stage runs under its recipe's thread count; the entry records it and the SIMD level.
+
+Device (``--device cuda[:N]``, default ``cpu``). The same stages on a GPU, for a machine that has one:
+weights are initialised and rows drawn on the CPU exactly as in a CPU run (a CPU run is bit for bit
+what it was before the option existed), the self-correction flips come from a generator on the GPU,
+and the manifest records ``device`` and the GPU's name. ``--steps N`` trains the transformer for N
+steps instead of 6,000 (the manifest's ``recipe`` is the recipe as run): the figures above say this
+model is under-fit on 2 cores, and a GPU makes room to train it longer.
 
 ISA pin (opt-in). ``--isa-pin`` runs the whole recipe pinned to AVX2 (``ISA``:
 ``ATEN_CPU_CAPABILITY``, ``MKL_CBWR`` and ``ONEDNN_MAX_CPU_ISA``, ``bench.recipes.tiny.ISA_ENV``), so
@@ -133,7 +158,13 @@ from bench.models.bsq import BSQVAE
 from bench.models.infinity import Infinity
 from bench.models.t2i import T2IGenerator
 from bench.models.text import TinyTextEncoder
-from bench.recipes.t2i_probe import layout_agreement, layout_inputs, probe_inputs, prompt_sensitivity
+from bench.recipes.t2i_probe import (
+    layout_agreement,
+    layout_inputs,
+    prefix_quality,
+    probe_inputs,
+    prompt_sensitivity,
+)
 from bench.recipes.tiny import (
     ISA_ENV,
     _lr,
@@ -157,13 +188,16 @@ STAGES = ("bsq", "t2i", "eval")
 ISA = "avx2"   # the SIMD level of ``--isa-pin`` (module docstring: ISA pin)
 
 
-def _numerics(threads: int) -> dict:
+def _numerics(threads: int, device: str = "cpu") -> dict:
     """Thread count, SIMD level (and the ISA pin, when this process runs under it), the device the stage
-    trained on (this recipe: the CPU) and the code's commit (the manifest's top-level commit is that of
-    its last writer)."""
+    ran on (a GPU by name) and the code's commit (the manifest's top-level commit is that of its last
+    writer)."""
     from bench.io import git_commit
     pins = {"isa": ISA, "isa_env": ISA_ENV[ISA]} if isa_pinned(ISA) else {"isa": None}
-    return {**_cpu_numerics(threads), **pins, "device": "cpu", "git_commit": git_commit()}
+    where = {"device": str(device)}
+    if torch.device(device).type == "cuda":
+        where["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return {**_cpu_numerics(threads), **pins, **where, "git_commit": git_commit()}
 
 
 def to_pm1(img_uint8: torch.Tensor) -> torch.Tensor:
@@ -171,11 +205,13 @@ def to_pm1(img_uint8: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------ 1. BSQ VAE
-def train_bsq(recipe: dict = BSQ_RECIPE, progress: bool = True):
+def train_bsq(recipe: dict = BSQ_RECIPE, progress: bool = True, device: str = "cpu"):
+    """The BSQ VAE on ``device`` (initialised on the CPU, so every device starts from the same weights;
+    batches are drawn on the CPU and moved)."""
     torch.manual_seed(recipe["seed"])
     imgs, *_ = scenes.generate(recipe["pool"], "train")
     val, *_ = scenes.generate(512, "val")
-    vae = BSQVAE(configs.TINY_BSQ).train()
+    vae = BSQVAE(configs.TINY_BSQ).to(device).train()
     opt = torch.optim.AdamW(vae.parameters(), lr=recipe["lr"], betas=(0.9, 0.95), weight_decay=0.0)
     g = torch.Generator().manual_seed(recipe["seed"])
     curve: List[dict] = []
@@ -183,7 +219,7 @@ def train_bsq(recipe: dict = BSQ_RECIPE, progress: bool = True):
     for step in bar:
         for pg in opt.param_groups:
             pg["lr"] = _lr(step, recipe["steps"], recipe["lr"], recipe["warmup"])
-        x = to_pm1(imgs[torch.randint(len(imgs), (recipe["batch"],), generator=g)])
+        x = to_pm1(imgs[torch.randint(len(imgs), (recipe["batch"],), generator=g)]).to(device)
         z, _, _ = vae.encode(x, configs.T2I_SCHEDULE)
         rec = vae.decoder(z)
         loss = F.mse_loss(rec, x) + recipe["l1"] * F.l1_loss(rec, x)
@@ -199,19 +235,20 @@ def train_bsq(recipe: dict = BSQ_RECIPE, progress: bool = True):
 
 @torch.no_grad()
 def bsq_psnr(vae: BSQVAE, imgs_uint8: torch.Tensor, batch: int = 128) -> float:
-    rec = []
+    rec, dev = [], next(vae.parameters()).device
     for i in range(0, len(imgs_uint8), batch):
-        z, _, _ = vae.encode(to_pm1(imgs_uint8[i:i + batch]), configs.T2I_SCHEDULE)
-        rec.append(vae.decode(z).add(1).mul(127.5).add(0.5).clamp(0, 255).to(torch.uint8))
+        z, _, _ = vae.encode(to_pm1(imgs_uint8[i:i + batch]).to(dev), configs.T2I_SCHEDULE)
+        rec.append(vae.decode(z).add(1).mul(127.5).add(0.5).clamp(0, 255).to(torch.uint8).cpu())
     return psnr(torch.cat(rec), imgs_uint8)
 
 
 # ------------------------------------------------------------------ 2. transformer + text encoder
 @torch.no_grad()
 def latents(vae: BSQVAE, imgs_uint8: torch.Tensor, batch: int = 256, progress: bool = True) -> torch.Tensor:
-    """The training set's encoder outputs [N, d, h, w] (fp32), computed once; bits are requantised per
-    batch (bitwise self-correction draws new flips every step)."""
-    out = [vae.encoder(to_pm1(imgs_uint8[i:i + batch])).float()
+    """The training set's encoder outputs [N, d, h, w] (fp32, on the VAE's device), computed once; bits
+    are requantised per batch (bitwise self-correction draws new flips every step)."""
+    dev = next(vae.parameters()).device
+    out = [vae.encoder(to_pm1(imgs_uint8[i:i + batch]).to(dev)).float()
            for i in tqdm(range(0, len(imgs_uint8), batch), desc="encode scenes", disable=not progress)]
     return torch.cat(out)
 
@@ -244,6 +281,9 @@ def init_t2i_weights(inf: Infinity, text: Optional[TinyTextEncoder] = None, gamm
 
 
 def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, snapshot: Optional[Path] = None):
+    """The transformer and the text encoder on the VAE's device. Weights are initialised on the CPU and
+    rows are drawn by a CPU generator, so every device starts alike and sees the same rows; on a GPU the
+    bit flips of self-correction come from a generator on it (seeded ``seed + 2``)."""
     torch.manual_seed(recipe["seed"])
     imgs, prompts, *_ = scenes.generate(recipe["pool"], "train")
     ids, mask = scenes.tokenize(prompts, configs.T2I_MAX_WORDS)
@@ -251,6 +291,8 @@ def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, sna
     del imgs
     inf, text = Infinity(configs.TINY_T2I), TinyTextEncoder(configs.TINY_TEXT)
     init_t2i_weights(inf, text, text_std=recipe.get("text_std"))
+    dev = z.device
+    inf, text, ids, mask = inf.to(dev), text.to(dev), ids.to(dev), mask.to(dev)
     gen = T2IGenerator(inf, vae, text).train()
     vae.eval()
     params = [(n, p) for m in (inf, text) for n, p in m.named_parameters()]
@@ -259,6 +301,7 @@ def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, sna
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe["wd"]}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=recipe["lr"], betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(recipe["seed"] + 1)
+    g_flip = g if dev.type == "cpu" else torch.Generator(dev).manual_seed(recipe["seed"] + 2)
     curve: List[dict] = []
     quality_curve: List[dict] = []
     probe_set = probe_inputs(vae, configs.T2I_SCHEDULE) if recipe.get("eval_every") else None
@@ -267,9 +310,9 @@ def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, sna
     for step in bar:
         for pg in opt.param_groups:
             pg["lr"] = _lr(step, recipe["steps"], recipe["lr"], recipe["warmup"])
-        idx = torch.randint(len(ids), (recipe["batch"],), generator=g)
+        idx = torch.randint(len(ids), (recipe["batch"],), generator=g).to(dev)
         flip_p = int(torch.randint(0, round(100 * recipe["bsc_strength"]) + 1, (1,), generator=g)) * 0.01
-        labels, x = vae.requantize(z[idx], configs.T2I_SCHEDULE, flip_p, g)
+        labels, x = vae.requantize(z[idx], configs.T2I_SCHEDULE, flip_p, g_flip)
         loss = gen.loss(text(ids[idx], mask[idx]), mask[idx], labels, x,
                         reweight_by_scale=bool(recipe.get("reweight_by_scale")))
         opt.zero_grad(set_to_none=True)
@@ -294,7 +337,7 @@ def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, sna
             save_safetensors(text, snapshot.with_name(snapshot.name.replace(".safetensors", "_text.safetensors")),
                              configs.TINY_TEXT.to_dict(), half=True)
     inf.eval(), text.eval()
-    return inf, text, {"curve": curve, "quality_curve": quality_curve}
+    return inf.cpu(), text.cpu(), {"curve": curve, "quality_curve": quality_curve}
 
 
 # ------------------------------------------------------------------ 3. quality bars
@@ -321,29 +364,32 @@ def load_tiny_t2i(out: Path) -> T2IGenerator:
     return load_t2i(MODELS.get("tiny-t2i"), out)
 
 
-def run(out: Path, stages=STAGES, progress: bool = True) -> None:
+def run(out: Path, stages=STAGES, progress: bool = True, device: str = "cpu", t2i_recipe: Optional[dict] = None) -> None:
+    """The stages on ``device`` (the manifest records it, and a GPU by name); ``t2i_recipe``: the
+    transformer stage's recipe (default ``T2I_RECIPE``), recorded whole in the manifest."""
+    t2i_recipe = t2i_recipe or T2I_RECIPE
     out.mkdir(parents=True, exist_ok=True)
     if "bsq" in stages:
         with pinned_threads(BSQ_RECIPE["threads"]) as threads:
             t0 = time.time()
-            vae, info = train_bsq(BSQ_RECIPE, progress)
+            vae, info = train_bsq(BSQ_RECIPE, progress, device)
             save_safetensors(vae, out / FILES["bsq"], configs.TINY_BSQ.to_dict(), half=True)
-            write_manifest(out, {"tiny-bsq": {"file": FILES["bsq"], "recipe": BSQ_RECIPE, **_numerics(threads),
+            write_manifest(out, {"tiny-bsq": {"file": FILES["bsq"], "recipe": BSQ_RECIPE, **_numerics(threads, device),
                                               "config": configs.TINY_BSQ.to_dict(), "train_seconds": round(time.time() - t0),
                                               "quality": {"val_psnr_db": info["val_psnr_db"]}, "curve": info["curve"]}})
         print(f"tiny BSQ VAE: val PSNR {info['val_psnr_db']:.2f} dB")
     if "t2i" in stages:
         from bench.models.zoo import load_bsq
-        with pinned_threads(T2I_RECIPE["threads"]) as threads:
+        with pinned_threads(t2i_recipe["threads"]) as threads:
             t0 = time.time()
-            vae = load_bsq(out / FILES["bsq"], configs.TINY_BSQ)
+            vae = load_bsq(out / FILES["bsq"], configs.TINY_BSQ).to(device)
             snap = out / "tiny_t2i.snapshot.safetensors"
-            inf, text, info = train_t2i(vae, T2I_RECIPE, progress, snapshot=snap)
+            inf, text, info = train_t2i(vae, t2i_recipe, progress, snapshot=snap)
             for p in (snap, snap.with_name("tiny_t2i.snapshot_text.safetensors")):
                 p.unlink(missing_ok=True)
             save_safetensors(inf, out / FILES["t2i"], configs.TINY_T2I.to_dict(), half=True)
             save_safetensors(text, out / FILES["text"], configs.TINY_TEXT.to_dict(), half=True)
-            common = {"recipe": T2I_RECIPE, **_numerics(threads), "train_seconds": round(time.time() - t0)}
+            common = {"recipe": t2i_recipe, **_numerics(threads, device), "train_seconds": round(time.time() - t0)}
             write_manifest(out, {"tiny-t2i": {"file": FILES["t2i"], "config": configs.TINY_T2I.to_dict(), **common,
                                               "curve": info["curve"], "quality_curve": info["quality_curve"]},
                                  "tiny-t2i-text": {"file": FILES["text"], "config": configs.TINY_TEXT.to_dict(), **common}})
@@ -351,18 +397,21 @@ def run(out: Path, stages=STAGES, progress: bool = True) -> None:
         from bench.registry import MODELS
         sampling = dict(MODELS.get("tiny-t2i").sampling)
         with pinned_threads(EVAL["threads"]) as threads:
-            gen = load_tiny_t2i(out).eval()
+            gen = load_tiny_t2i(out).to(device).eval()
             q = measure(gen, sampling, progress=progress)
             probe = prompt_sensitivity(gen)
             layout = layout_agreement(gen, sampling)
+            prefix = prefix_quality(gen, sampling, n=EVAL["per_task"], seed=EVAL["seed"])
         set_quality(out, "tiny-t2i", {**q, "per_task": EVAL["per_task"], "seed": EVAL["seed"], "sampling": sampling,
-                                      "threads": threads, "bars": BARS, "met": {t: q[t] >= b for t, b in BARS.items()},
-                                      "prompt_sensitivity": probe, "layout_agreement": layout})
+                                      "threads": threads, "device": str(device), "bars": BARS, "met": {t: q[t] >= b for t, b in BARS.items()},
+                                      "prompt_sensitivity": probe, "layout_agreement": layout, "prefix_quality": prefix})
         print("tiny-t2i quality:", json.dumps(q))
         print("prompt sensitivity (cross-entropy increase per scale):",
               json.dumps({k: v["delta"] for k, v in probe.items()}))
         print("layout agreement of position scenes per scale (reference, sampled):",
               json.dumps(layout["reference"]), json.dumps(layout["sampled"]))
+        print("pass rate with the true bits of the first m scales, m = 0…K (val scenes):",
+              json.dumps({t: v["passed"] for t, v in prefix.items()}))
 
 
 def main(argv=None) -> int:
@@ -375,17 +424,37 @@ def main(argv=None) -> int:
     p.add_argument("--isa-pin", action="store_true",
                    help=f"train pinned to {ISA} kernels, reproducible on any x86-64 CPU with {ISA} but about 1.6x "
                         "slower (beyond the recipe's 2-hour budget on 2 cores); default: this machine's own kernels")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (default) or cuda / cuda:N: train and evaluate there (recorded in the manifest; samples "
+                        "and trained bits differ from a CPU run's)")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"transformer training steps (default {T2I_RECIPE['steps']}; more when a GPU makes room: the "
+                        "manifest records the recipe as run)")
     a = p.parse_args(argv)
     stages = [s.strip() for s in a.stages.split(",") if s.strip()]
     bad = [s for s in stages if s not in STAGES]
     if bad:
         p.error(f"unknown stage(s) {bad}; choose from {', '.join(STAGES)}")
+    try:
+        device = torch.device(a.device)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        p.error(f"--device must be cpu or cuda[:N], got {a.device!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {a.device}: no CUDA device is visible here (torch.cuda.is_available() is False); "
+                "run on the CPU with --device cpu")
+    if a.steps is not None and a.steps < 1:
+        p.error(f"--steps must be ≥ 1, got {a.steps}")
+    if a.isa_pin and device.type != "cpu":
+        p.error("--isa-pin pins CPU kernels; it does not apply with --device cuda")
     if a.isa_pin and not isa_pinned(ISA):
         # the pin must be in the environment before torch starts: run the same command in a child
         args = sys.argv[1:] if argv is None else list(argv)
         return subprocess.run([sys.executable, "-m", "bench.recipes.tiny_t2i", *args],
                               env={**os.environ, **ISA_ENV[ISA]}).returncode
-    run(Path(a.out), stages, progress=not a.no_progress)
+    recipe = T2I_RECIPE if a.steps is None else {**T2I_RECIPE, "steps": a.steps}
+    run(Path(a.out), stages, progress=not a.no_progress, device=str(device), t2i_recipe=recipe)
     return 0
 
 
