@@ -352,3 +352,24 @@ def test_yaml_agrees_with_module():
         (scenes.POSITION_MARGIN, scenes.LAYOUT_MARGIN, scenes.LAYOUT_ORTHO)
     assert tuple(recipe["background"]["grey"]) == scenes.BG_GREY and recipe["background"]["tint"] == scenes.BG_TINT
     assert recipe["splits"] == scenes.SPLIT_SEEDS
+
+
+def test_object_tokens_mark_the_cells_that_hold_objects(train300):
+    """Per scale, a token is marked iff its cell holds a ground-truth object pixel: checked against a
+    direct block reduction of the masks at every scale that divides 64 (the 6×6 cells are pooled by
+    adaptive max pooling, checked by its overlapping-window definition)."""
+    _, _, _, truths = train300
+    schedule = ((1, 1), (2, 2), (4, 4), (6, 6), (8, 8))
+    marks = scenes.object_tokens(truths[:40], schedule, chunk=16)
+    assert marks.shape == (40, 121) and marks.dtype == torch.bool
+    starts = np.cumsum([0] + [h * w for h, w in schedule])
+    for i, t in enumerate(truths[:40]):
+        union = np.any([o.mask for o in t.objects], axis=0)
+        for k, (h, w) in enumerate(schedule):
+            got = marks[i, starts[k]:starts[k + 1]].view(h, w).numpy()
+            rows = [(a * 64 // h, -(-(a + 1) * 64 // h)) for a in range(h)]
+            want = np.array([[union[r0:r1, c0:c1].any() for c0, c1 in rows] for r0, r1 in rows])
+            assert (got == want).all(), (i, h)
+        assert marks[i, 0] and 0 < marks[i, starts[4]:].sum() < 64
+    assert scenes.object_tokens([], schedule).shape == (0, 121)
+    assert torch.equal(scenes.object_tokens(truths[:40], schedule), marks)   # chunking changes nothing

@@ -232,6 +232,15 @@ def test_bit_loss_uniform_and_reweighted_by_scale(small_gen):
     got = small_gen.loss(feats, mask, bits, x, reweight_by_scale=True)
     torch.testing.assert_close(got, want)
     assert not torch.allclose(got, ce_BL.mean())   # the weighting changes the value: the check can fail
+    # per-token weights (the tiny recipe's background_weight): Σ w·ce / Σ w over the batch, times the scale weights
+    w_BL = torch.rand(ce_BL.shape, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(small_gen.loss(feats, mask, bits, x, weight_BL=w_BL), (ce_BL * w_BL).sum() / w_BL.sum())
+    torch.testing.assert_close(small_gen.loss(feats, mask, bits, x, weight_BL=torch.ones_like(ce_BL)), ce_BL.mean())
+    ws_BL = w_BL * w
+    torch.testing.assert_close(small_gen.loss(feats, mask, bits, x, reweight_by_scale=True, weight_BL=w_BL),
+                               (ce_BL * ws_BL).sum() / ws_BL.sum())
+    torch.testing.assert_close(small_gen.loss(feats, mask, bits, x, reweight_by_scale=True,
+                                              weight_BL=torch.ones_like(ce_BL)), want)
 
 
 def test_t5_folder_missing_is_a_clear_error(tmp_path):

@@ -168,7 +168,8 @@ def test_tiny_t2i_training_loop_records_its_curves():
 
 
 @pytest.mark.parametrize("args, msg", [(["--device", "tpu"], "cpu or cuda"), (["--device", "mps"], "cpu or cuda"),
-                                       (["--steps", "0"], "≥ 1"), (["--device", "cuda", "--isa-pin"], None)])
+                                       (["--steps", "0"], "≥ 1"), (["--device", "cuda", "--isa-pin"], None),
+                                       (["--background-weight", "0"], "(0, 1]"), (["--background-weight", "1.5"], "(0, 1]")])
 def test_tiny_t2i_refuses_bad_options_before_training(args, msg, capsys, monkeypatch):
     """Wrong devices and step counts are refused with the range, before any data is made or file written
     (``run`` would fail the test if reached)."""
@@ -189,5 +190,44 @@ def test_tiny_t2i_passes_steps_and_device_to_the_run(monkeypatch, tmp_path):
     assert tiny_t2i.main(["--out", str(tmp_path), "--stages", "t2i", "--steps", "12", "--device", "cpu"]) == 0
     assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "steps": 12} and seen["device"] == "cpu"
     assert seen["stages"] == ["t2i"] and tiny_t2i.T2I_RECIPE["steps"] == 6000
+    tiny_t2i.main(["--out", str(tmp_path), "--background-weight", "0.25"])
+    assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "background_weight": 0.25}
+    assert "background_weight" not in tiny_t2i.T2I_RECIPE
     tiny_t2i.main(["--out", str(tmp_path)])
     assert seen["recipe"] is tiny_t2i.T2I_RECIPE and seen["stages"] == list(tiny_t2i.STAGES)
+
+
+def test_tiny_t2i_background_weight_reaches_the_loss():
+    """``background_weight`` (absent: 1) weighs the tokens without an object in the recipe's loss: the
+    first step's recorded loss is the object-weighted one (computed here from the same rows), and
+    with the option at 1 the recipe's loss is the plain mean."""
+    from bench.models.bsq import BSQVAE
+    from bench.recipes import tiny_t2i
+    from bench.tiny import configs
+    torch.manual_seed(0)
+    vae = BSQVAE(configs.TINY_BSQ).eval()
+    base = dict(tiny_t2i.T2I_RECIPE, steps=1, pool=64, batch=6, eval_every=0)
+    _, _, plain = tiny_t2i.train_t2i(vae, base, progress=False)
+    _, _, again = tiny_t2i.train_t2i(vae, dict(base, background_weight=1.0), progress=False)
+    _, _, weighted = tiny_t2i.train_t2i(vae, dict(base, background_weight=0.25), progress=False)
+    assert again["curve"] == plain["curve"]
+    assert weighted["curve"][0]["loss"] != plain["curve"][0]["loss"]
+    # the same first step by hand: the recipe's rows, its init, the weighted loss
+    from bench.data import scenes
+    from bench.models.infinity import Infinity
+    from bench.models.t2i import T2IGenerator
+    from bench.models.text import TinyTextEncoder
+    torch.manual_seed(0)
+    _, prompts, _, truths = scenes.generate(64, "train")
+    ids, mask = scenes.tokenize(prompts, configs.T2I_MAX_WORDS)
+    z = tiny_t2i.latents(vae, scenes.generate(64, "train")[0], progress=False)
+    inf, text = Infinity(configs.TINY_T2I), TinyTextEncoder(configs.TINY_TEXT)
+    tiny_t2i.init_t2i_weights(inf, text)
+    g = torch.Generator().manual_seed(base["seed"] + 1)
+    idx = torch.randint(64, (base["batch"],), generator=g)
+    flip_p = int(torch.randint(0, round(100 * base["bsc_strength"]) + 1, (1,), generator=g)) * 0.01
+    labels, x = vae.requantize(z[idx], configs.T2I_SCHEDULE, flip_p, g)
+    with torch.no_grad():
+        ce = T2IGenerator(inf, vae, text).train().token_ce(text(ids[idx], mask[idx]), mask[idx], labels, x)
+    w = torch.where(scenes.object_tokens(truths, configs.T2I_SCHEDULE)[idx], 1.0, 0.25)
+    assert weighted["curve"][0]["loss"] == pytest.approx((ce * w).sum().item() / w.sum().item(), abs=2e-5)

@@ -484,3 +484,22 @@ def generate(n: int, split: str = "train", start: int = 0, size: int = IMAGE_SIZ
         specs += [s for s, _ in scenes]
     prompts = [s.prompt for s in specs]
     return (torch.cat(imgs) if imgs else torch.zeros(0, 3, size, size, dtype=torch.uint8)), prompts, specs, truths
+
+
+def object_tokens(truths: Sequence[GroundTruth], schedule: Sequence[Tuple[int, int]], chunk: int = 4096) -> torch.Tensor:
+    """Per scene, which tokens of a next-scale pyramid hold part of an object: bool [n, Σ h·w], scale by
+    scale in ``schedule`` order (row-major within a scale). A token of an h×w grid holds an object when
+    any pixel of its cell is in an object's ground-truth mask (max-pooled), so the 1×1 token does
+    whenever the scene has an object."""
+    out = []
+    for lo in range(0, len(truths), chunk):
+        part = truths[lo:lo + chunk]
+        if not part:
+            break
+        size = next((o.mask.shape[0] for t in part for o in t.objects), IMAGE_SIZE)
+        cov = torch.zeros(len(part), 1, size, size)
+        for i, t in enumerate(part):
+            for o in t.objects:
+                cov[i, 0] += torch.from_numpy(o.mask)
+        out.append(torch.cat([F.adaptive_max_pool2d(cov, tuple(hw)).flatten(1) > 0 for hw in schedule], dim=1))
+    return torch.cat(out) if out else torch.zeros(0, sum(h * w for h, w in schedule), dtype=torch.bool)

@@ -208,20 +208,27 @@ class T2IGenerator(nn.Module):
                                reduction="none").view(B, L, -1).mean(dim=-1)
 
     def loss(self, feats_BTC, mask_BT, bits: Sequence[torch.Tensor], x_BLd=None,
-             reweight_by_scale: bool = False) -> torch.Tensor:
+             reweight_by_scale: bool = False, weight_BL: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Infinity's bit-label loss: the cross-entropy of every bit, averaged over a token's bits
         (``bitloss_type='mean'``), then over tokens — uniformly (1/L), or with
         ``reweight_by_scale`` (the official ``scripts/train.sh`` sets ``--reweight_loss_by_scale 1``) a
         token of scale k weighs √(h_K·w_K)/√(h_k·w_k), normalised to sum 1, so that coarse scales are not
-        drowned by the many tokens of fine ones — then over the batch."""
+        drowned by the many tokens of fine ones — then over the batch. ``weight_BL`` (not in the
+        official trainer; the tiny recipe's ``background_weight``): per-token weights that multiply
+        those, the loss then being Σ w·ce / Σ w over the whole batch."""
         ce_BL = self.token_ce(feats_BTC, mask_BT, bits, x_BLd)
         L = ce_BL.shape[1]
-        if not reweight_by_scale:
+        if not reweight_by_scale and weight_BL is None:
             return ce_BL.mean()
-        side_K = (self.schedule[-1][0] * self.schedule[-1][1]) ** 0.5
-        w_L = torch.cat([torch.full((h * w,), side_K / (h * w) ** 0.5) for h, w in self.schedule])[:L]
+        w_L = torch.ones(L)
+        if reweight_by_scale:
+            side_K = (self.schedule[-1][0] * self.schedule[-1][1]) ** 0.5
+            w_L = torch.cat([torch.full((h * w,), side_K / (h * w) ** 0.5) for h, w in self.schedule])[:L]
         w_L = (w_L / w_L.sum()).to(ce_BL)
-        return ce_BL.mul(w_L).sum(dim=-1).mean()
+        if weight_BL is None:
+            return ce_BL.mul(w_L).sum(dim=-1).mean()
+        w_BL = weight_BL.to(ce_BL) * w_L
+        return ce_BL.mul(w_BL).sum() / w_BL.sum()
 
 
 def _check_leak(gt_leak: int, gt_bits, schedule, B: int, d: int) -> int:

@@ -30,7 +30,16 @@ with manifest entries (sha256, recipe, seed, thread count, SIMD level, curves, q
    recipe of the time on held-out prompts (cfg 3, τ 0.25, 100 per task: 0.85 / 0.18 / 0.42 / 0.07
    against 0.89 / 0.17 / 0.48 / 0.12 for single / two-object / counting / position); with the word
    convolution, a 2,000-step pilot of this recipe reweighted read the relation no better (probe:
-   relation deltas within ±0.0009 at every scale, at steps 500–2,000).
+   relation deltas within ±0.0009 at every scale, at steps 500–2,000). ``background_weight`` (absent:
+   1, Infinity's uniform average; not in the official trainer): tokens whose cell holds no object
+   (``scenes.object_tokens``, from the scenes' ground truth) weigh that much in the loss
+   (``T2IGenerator.loss(weight_BL=…)``). Background cells are 76 % of the 8×8 tokens and carry 72 % of
+   the shipped model's loss (960 val scenes; at 8×8, 0.450 nats/bit against 0.304 on object cells):
+   mostly the noise of the backgrounds. A 2,000-step pilot of this recipe with 0.25 (the same rows,
+   init and schedule; 50 prompts per task at step 1,000 and 2,000) reached 0.50 / 0.02 / 0.24 / 0.00
+   and 0.88 / 0.22 / 0.34 / 0.10, against the recipe's 0.28 / 0.06 / 0.06 / 0.04 and 0.66 / 0.12 /
+   0.24 / 0.02 at the same steps: at step 2,000 about where the recipe is at step 3,000 (0.88 / 0.20 /
+   0.36 / 0.02), with the plain (unweighted) loss unchanged (0.459 against 0.461 at step 2,000).
 
    Measured runs on the eval protocol (100 prompts per task, stored fp16 weights; single /
    two-object / counting / position; bars 0.90 / 0.60 / 0.40 / 0.40), all unpinned AVX-512, 2 threads:
@@ -93,23 +102,23 @@ with manifest entries (sha256, recipe, seed, thread count, SIMD level, curves, q
    τ 1, still 0.54), and 500 steps of the recipe's full-schedule mix afterwards (fresh optimiser,
    warm-up to the same peak rate) erase it (delta ≤ 0.0002 at every scale; stopped there).
 
-   Where the scenes are lost (the shipped files; ``python -m bench.recipes.t2i_probe --prefix``, 100
-   val scenes per task, the card's sampling). Failures of the model alone: two-object 63 of 72 have
-   both colours and a wrong shape (9 miss a colour), position 60 of 84 (7 miss a colour, 17 have the
-   relation wrong), counting 33 of 44 miscount; wrong shapes are mostly squares drawn as circles and
-   crosses as triangles (100 eval prompts, two-object: 24 of 35 squares read as circles, 14 of 32 crosses
-   as triangles; single objects: 4 of 24 squares as circles). With the true bits of the first m scales (m = 0…5; m = 5 is the VAE's
-   reconstruction): two-object 0.28 / 0.24 / 0.39 / 0.51 / 0.69 / 0.88, position 0.16 / 0.15 / 0.35 /
-   0.52 / 0.69 / 0.92, counting 0.56 / 0.55 / 0.51 / 0.72 / 0.75 / 0.82: every scale from 2×2 on loses
-   part of the scene, and given the true 6×6 context the 8×8 step alone still drops two-object scenes
-   from 0.88 to 0.69 (0.54–0.73 over cfg 1, 3, 6 and τ 1, 0.3, 0.05). The model is under-fit, not
-   over-fit: its teacher-forced cross-entropy on 960 train and 960 val scenes is the same (0.4147 vs
-   0.4159 nats/bit). Sampling does not close the gap (100 eval prompts per task, two-object /
-   position): cfg 3 τ 1 0.28 / 0.06, cfg 5 0.32 / 0.12, cfg 8 0.25 / 0.10, cfg 3 τ 0.5 0.29 / 0.13, cfg 5
-   τ 0.5 0.34 / 0.11. Growing the model does not fit the budget on this machine: a training step
-   (batch 48, 2 threads) takes 0.83 s at depth 4 / width 192 and 2.08 s at depth 6 / width 256 (6,000
-   steps: 3 h 28 min), and bf16 autocast is slower, not faster (1.46 s and 2.64 s; one run of 10
-   steps each).
+   Where the scenes are lost (the shipped files; ``python -m bench.recipes.t2i_probe --prefix``, 100 val
+   scenes per task, the card's sampling). Failures of the model alone: two-object 63 of 72 have both
+   colours and a wrong shape (9 miss a colour), position 60 of 84 (7 miss a colour, 17 have the relation
+   wrong), counting 33 of 44 miscount; wrong shapes are mostly squares drawn as circles and crosses as
+   triangles (100 eval prompts, two-object: 24 of 35 squares read as circles, 14 of 32 crosses as
+   triangles; single objects: 4 of 24 squares as circles). With the true bits of the first m scales
+   (m = 0…5; m = 5 is the VAE's reconstruction): two-object 0.28 / 0.24 / 0.39 / 0.51 / 0.69 / 0.88,
+   position 0.16 / 0.15 / 0.35 / 0.52 / 0.69 / 0.92, counting 0.56 / 0.55 / 0.51 / 0.72 / 0.75 / 0.82:
+   every scale from 2×2 on loses part of the scene, and given the true 6×6 context the 8×8 step alone
+   still drops two-object scenes from 0.88 to 0.69 (0.54–0.73 over cfg 1, 3, 6 and τ 1, 0.3, 0.05). The
+   model is under-fit, not over-fit: its teacher-forced cross-entropy on 960 train and 960 val scenes is
+   the same (0.4147 vs 0.4159 nats/bit). Sampling does not close the gap (100 eval prompts per task,
+   two-object / position): cfg 3 τ 1 0.28 / 0.06, cfg 5 0.32 / 0.12, cfg 8 0.25 / 0.10, cfg 3 τ 0.5 0.29 /
+   0.13, cfg 5 τ 0.5 0.34 / 0.11. Growing the model does not fit the budget on this machine: a training
+   step (batch 48, 2 threads) takes 0.83 s at depth 4 / width 192 and 2.08 s at depth 6 / width 256 (6,000
+   steps: 3 h 28 min), and bf16 autocast is slower, not faster (1.46 s and 2.64 s; one run of 10 steps
+   each).
    Deviations: the loss averages every token alike (official ``train.sh`` reweights by
    scale); the weights are stored as fp16 (the final quality figures are measured on the stored
    weights).
@@ -285,14 +294,19 @@ def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, sna
     rows are drawn by a CPU generator, so every device starts alike and sees the same rows; on a GPU the
     bit flips of self-correction come from a generator on it (seeded ``seed + 2``)."""
     torch.manual_seed(recipe["seed"])
-    imgs, prompts, *_ = scenes.generate(recipe["pool"], "train")
+    imgs, prompts, _, truths = scenes.generate(recipe["pool"], "train")
     ids, mask = scenes.tokenize(prompts, configs.T2I_MAX_WORDS)
+    bg_weight = float(recipe.get("background_weight", 1.0))
+    # tokens with no object weigh bg_weight in the loss (1: Infinity's uniform average)
+    objects = scenes.object_tokens(truths, configs.T2I_SCHEDULE) if bg_weight != 1 else None
+    del truths
     z = latents(vae, imgs, progress=progress)
     del imgs
     inf, text = Infinity(configs.TINY_T2I), TinyTextEncoder(configs.TINY_TEXT)
     init_t2i_weights(inf, text, text_std=recipe.get("text_std"))
     dev = z.device
     inf, text, ids, mask = inf.to(dev), text.to(dev), ids.to(dev), mask.to(dev)
+    objects = None if objects is None else objects.to(dev)
     gen = T2IGenerator(inf, vae, text).train()
     vae.eval()
     params = [(n, p) for m in (inf, text) for n, p in m.named_parameters()]
@@ -313,8 +327,9 @@ def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, sna
         idx = torch.randint(len(ids), (recipe["batch"],), generator=g).to(dev)
         flip_p = int(torch.randint(0, round(100 * recipe["bsc_strength"]) + 1, (1,), generator=g)) * 0.01
         labels, x = vae.requantize(z[idx], configs.T2I_SCHEDULE, flip_p, g_flip)
+        weight_BL = None if objects is None else torch.where(objects[idx], 1.0, bg_weight)
         loss = gen.loss(text(ids[idx], mask[idx]), mask[idx], labels, x,
-                        reweight_by_scale=bool(recipe.get("reweight_by_scale")))
+                        reweight_by_scale=bool(recipe.get("reweight_by_scale")), weight_BL=weight_BL)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for _, p in params], 2.0)
@@ -430,6 +445,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=None,
                    help=f"transformer training steps (default {T2I_RECIPE['steps']}; more when a GPU makes room: the "
                         "manifest records the recipe as run)")
+    p.add_argument("--background-weight", type=float, default=None,
+                   help="weight in (0, 1] of the loss of tokens whose cell holds no object (default: absent, i.e. 1, "
+                        "Infinity's uniform average; recorded in the manifest's recipe)")
     a = p.parse_args(argv)
     stages = [s.strip() for s in a.stages.split(",") if s.strip()]
     bad = [s for s in stages if s not in STAGES]
@@ -446,6 +464,8 @@ def main(argv=None) -> int:
                 "run on the CPU with --device cpu")
     if a.steps is not None and a.steps < 1:
         p.error(f"--steps must be ≥ 1, got {a.steps}")
+    if a.background_weight is not None and not 0 < a.background_weight <= 1:
+        p.error(f"--background-weight must be in (0, 1], got {a.background_weight}")
     if a.isa_pin and device.type != "cpu":
         p.error("--isa-pin pins CPU kernels; it does not apply with --device cuda")
     if a.isa_pin and not isa_pinned(ISA):
@@ -453,7 +473,8 @@ def main(argv=None) -> int:
         args = sys.argv[1:] if argv is None else list(argv)
         return subprocess.run([sys.executable, "-m", "bench.recipes.tiny_t2i", *args],
                               env={**os.environ, **ISA_ENV[ISA]}).returncode
-    recipe = T2I_RECIPE if a.steps is None else {**T2I_RECIPE, "steps": a.steps}
+    overrides = {k: v for k, v in (("steps", a.steps), ("background_weight", a.background_weight)) if v is not None}
+    recipe = {**T2I_RECIPE, **overrides} if overrides else T2I_RECIPE
     run(Path(a.out), stages, progress=not a.no_progress, device=str(device), t2i_recipe=recipe)
     return 0
 
