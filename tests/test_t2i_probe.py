@@ -146,3 +146,36 @@ def test_prefix_quality_ends_at_the_vae_ceiling(random_gen):
     assert res["scenes"] == 4 and len(res["passed"]) == len(random_gen.schedule) + 1
     assert res["passed"][-1] == round(want, 4)
     assert sum(res["failures"].values()) == 4
+
+
+def test_gt_leak_on_a_pruned_scale_takes_the_kept_positions(random_gen):
+    """A token policy that samples only some positions of a scale (LazyVAR's zero residuals): with
+    gt_leak the kept positions take their true bits, the others stay unsampled (-1)."""
+    from bench.models.policy import TokenPolicy
+
+    class KeepLast8(TokenPolicy):   # scale 2 (4×4) runs and samples its last 8 positions only
+        def begin(self, batch, schedule):
+            self.B = batch
+
+        def begin_scale(self, si, size):
+            self.scale_keep = None
+
+        def enter_scale(self, si, x_BLC):
+            if si != 2:
+                return x_BLC
+            self.scale_keep = torch.arange(8, 16).expand(x_BLC.shape[0], -1)
+            return x_BLC[:, 8:]
+
+        def residual_keep(self, si):
+            return torch.arange(8, 16).expand(self.B, -1) if si == 2 else None
+
+    gt = _vae_bits(random_gen, 2, seed=1)
+    K = len(random_gen.schedule)
+    saved = random_gen.token_policy
+    random_gen.token_policy = KeepLast8()
+    try:
+        bits, _ = random_gen.sample_tokens(["a red circle", "a blue cross"], seed=0, gt_leak=K, gt_bits=gt)
+    finally:
+        random_gen.token_policy = saved
+    assert torch.equal(bits[2][:, 8:], gt[2][:, 8:]) and (bits[2][:, :8] == -1).all()
+    assert all(torch.equal(bits[si], gt[si]) for si in range(K) if si != 2)

@@ -39,7 +39,7 @@ from typing import Dict, List, Optional
 import torch
 
 from bench.data import scenes
-from bench.data.scenes_detect import colour_strength
+from bench.data.scenes_detect import check, colour_strength, detect
 from bench.models.bsq import _resize
 
 PROBES = ("binding", "shapes", "relation")
@@ -189,7 +189,6 @@ def failure_mode(spec: scenes.SceneSpec, detections) -> str:
     missing``); every colour is there but a named (shape, colour) object is not (``shape wrong``); the
     number of objects of the named kind is off (``count wrong``, one- and many-object prompts); the
     position relation does not hold (``relation wrong``); else ``other``."""
-    from bench.data.scenes_detect import check
     if check(spec, detections):
         return "pass"
     got = [(x.shape, x.colour) for x in detections]
@@ -226,7 +225,6 @@ def prefix_quality(gen, sampling: dict, n: int = 100, pool: int = VAL_POOL, seed
     m = 0 is the model alone, m = K the VAE's own reconstruction (the ceiling); the drop from m to m−1
     is what sampling scale m costs given a true context. ``failures``: the failure modes
     (:func:`failure_mode`) of the model alone."""
-    from bench.data.scenes_detect import check, detect
     inputs = inputs or leak_inputs(gen.vae, gen.schedule, n, pool)
     out = {}
     for task, (prompts, specs, bits) in inputs.items():

@@ -39,7 +39,13 @@ with manifest entries (sha256, recipe, seed, thread count, SIMD level, curves, q
    init and schedule; 50 prompts per task at step 1,000 and 2,000) reached 0.50 / 0.02 / 0.24 / 0.00
    and 0.88 / 0.22 / 0.34 / 0.10, against the recipe's 0.28 / 0.06 / 0.06 / 0.04 and 0.66 / 0.12 /
    0.24 / 0.02 at the same steps: at step 2,000 about where the recipe is at step 3,000 (0.88 / 0.20 /
-   0.36 / 0.02), with the plain (unweighted) loss unchanged (0.459 against 0.461 at step 2,000).
+   0.36 / 0.02), with the plain (unweighted) loss unchanged (0.459 against 0.461 at step 2,000). The
+   full recipe with 0.25 (``--background-weight 0.25``; stopped at step 3,000 for lack of session time;
+   its quality curve, 50 prompts per task): 0.46 / 0.02 / 0.20 / 0.06, 0.80 / 0.30 / 0.32 / 0.10 and
+   0.96 / 0.28 / 0.42 / 0.06 at steps 1,000 / 2,000 / 3,000, against the shipped run's 0.28 / 0.06 /
+   0.06 / 0.04, 0.66 / 0.12 / 0.24 / 0.02 and 0.88 / 0.20 / 0.36 / 0.02; the relation still unread
+   (deltas within ±0.0007 at every scale) and the sampled layouts near chance (0.48–0.61). Not the
+   default: not measured to the end, and not on course for the two-object and position bars.
 
    Measured runs on the eval protocol (100 prompts per task, stored fp16 weights; single /
    two-object / counting / position; bars 0.90 / 0.60 / 0.40 / 0.40), all unpinned AVX-512, 2 threads:
