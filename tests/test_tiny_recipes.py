@@ -218,9 +218,9 @@ def test_tiny_t2i_background_weight_reaches_the_loss():
     from bench.models.t2i import T2IGenerator
     from bench.models.text import TinyTextEncoder
     torch.manual_seed(0)
-    _, prompts, _, truths = scenes.generate(64, "train")
+    imgs, prompts, _, truths = scenes.generate(64, "train")
     ids, mask = scenes.tokenize(prompts, configs.T2I_MAX_WORDS)
-    z = tiny_t2i.latents(vae, scenes.generate(64, "train")[0], progress=False)
+    z = tiny_t2i.latents(vae, imgs, progress=False)
     inf, text = Infinity(configs.TINY_T2I), TinyTextEncoder(configs.TINY_TEXT)
     tiny_t2i.init_t2i_weights(inf, text)
     g = torch.Generator().manual_seed(base["seed"] + 1)

@@ -69,6 +69,12 @@ def _scenes(val, probe: str, n: int):
     return imgs[sel], [prompts[i] for i in sel], [_altered(specs[i], probe) for i in sel]
 
 
+def _true_bits(vae, imgs_uint8: torch.Tensor, schedule):
+    """(label bits per scale, teacher-forcing input) of uint8 images: the VAE's own quantisation, no flips."""
+    z = vae.encoder(imgs_uint8.float().div(127.5).sub(1).to(next(vae.parameters()).device)).float()
+    return vae.requantize(z, schedule, 0.0)
+
+
 @functools.lru_cache(maxsize=2)
 def _val(pool: int):
     """(images, prompts, specs) of the first ``pool`` val scenes, generated once per process (the probe
@@ -82,12 +88,10 @@ def probe_inputs(vae, schedule, n: int = 150, pool: int = VAL_POOL) -> Dict[str,
     the first ``pool`` val scenes. The VAE is frozen, so a training run builds these once and probes
     with them at every quality-curve point."""
     val = _val(pool)
-    dev = next(vae.parameters()).device
     out = {}
     for probe in PROBES:
         imgs, true_p, alt_p = _scenes(val, probe, n)
-        z = vae.encoder(imgs.float().div(127.5).sub(1).to(dev)).float()
-        out[probe] = (true_p, alt_p, *vae.requantize(z, schedule, 0.0))
+        out[probe] = (true_p, alt_p, *_true_bits(vae, imgs, schedule))
     return out
 
 
@@ -158,8 +162,7 @@ def layout_inputs(vae, schedule, n: int = 150, pool: int = VAL_POOL) -> tuple:
     imgs, prompts, specs = _val(pool)
     sel = [i for i, sp in enumerate(specs) if sp.task == "position" and sp.objects[0].colour != sp.objects[1].colour][:n]
     specs = [specs[i] for i in sel]
-    z = vae.encoder(imgs[sel].float().div(127.5).sub(1).to(next(vae.parameters()).device)).float()
-    bits, _ = vae.requantize(z, schedule, 0.0)
+    bits, _ = _true_bits(vae, imgs[sel], schedule)
     return [prompts[i] for i in sel], specs, _agreement(vae, bits, schedule, specs)
 
 
@@ -206,12 +209,10 @@ def failure_mode(spec: scenes.SceneSpec, detections) -> str:
 def leak_inputs(vae, schedule, n: int = 100, pool: int = VAL_POOL, tasks=LEAK_TASKS) -> Dict[str, tuple]:
     """Per task: (prompts, specs, the VAE's bits per scale) of up to ``n`` of the first ``pool`` val scenes."""
     imgs, prompts, specs = _val(pool)
-    dev = next(vae.parameters()).device
     out = {}
     for task in tasks:
         sel = [i for i, sp in enumerate(specs) if sp.task == task][:n]
-        z = vae.encoder(imgs[sel].float().div(127.5).sub(1).to(dev)).float()
-        bits, _ = vae.requantize(z, schedule, 0.0)
+        bits, _ = _true_bits(vae, imgs[sel], schedule)
         out[task] = ([prompts[i] for i in sel], [specs[i] for i in sel], bits)
     return out
 
