@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.defaults import SAMPLING
+from bench.defaults import HART_SAMPLING, SAMPLING
 from bench.models.generator import Generator
 
 
@@ -141,8 +141,15 @@ def model_cost(gen, sampling: dict, per_scale: bool = False) -> dict:
     same count: ``scale_flops``, the FLOPs of each sampled scale as ``_per_scale_flops`` attributes them,
     and ``scale_passes``, whether it starts a pass through the block stack (false for the later scales
     of a group that LazyVAR decodes in one pass; trailing skipped scales are not listed)."""
+    from bench.models.hart_t2i import HARTGenerator
     from bench.models.t2i import T2IGenerator
-    if isinstance(gen, T2IGenerator):
+    if isinstance(gen, HARTGenerator):   # always the [cond; uncond] batch, the full padded context
+        text = gen.text_encoder
+        fc, scales = _hart_count(gen, sampling.get("cfg", HART_SAMPLING["cfg"]))
+        out = {"params": count_params(gen.hart), "tokenizer_params": count_params(gen.tokenizer),
+               "text_encoder_params": None if text is None else count_params(text),
+               "text_tokens": gen.hart.cfg.context_token, "flops": int(fc.get_total_flops()), "flops_no_cfg": None}
+    elif isinstance(gen, T2IGenerator):
         T = min(TEXT_TOKENS, gen.infinity.cfg.text_maxlen)
         text = gen.text_encoder
         fc, scales = _t2i_count(gen, T, sampling.get("cfg"))
@@ -200,38 +207,49 @@ def t2i_info(gen, card, text_tokens: int = TEXT_TOKENS) -> dict:
     }
 
 
+def _hart_count(gen, cfg_scale: float):
+    """(the flop counter after one HART sampling with the full context, FLOPs per sampled scale) on a
+    meta-device copy that runs ``gen``'s token policy. ``more_smooth`` off: the Gumbel mixing is a
+    visualisation option, not part of the model's sampling cost."""
+    from bench.models.hart import HART
+    hart = gen.hart
+    if hart.word_embed.weight.device.type != "meta":
+        with torch.device("meta"):
+            copy = HART(hart.cfg, type(gen.tokenizer)(hart.cfg.tokenizer))
+        copy.token_policy, hart = hart.token_policy, copy
+    cfg = hart.cfg
+    ctx = torch.zeros(1, cfg.context_token, cfg.context_dim, device="meta")
+    mask = torch.ones(1, cfg.context_token, dtype=torch.long, device="meta")
+    fc, marks = FlopCounterMode(display=False), []
+    with fc:
+        hart.sample_tokens(ctx, mask, seed=None, cfg=cfg_scale, more_smooth=False,
+                           logits_hook=lambda si, _: marks.append(fc.get_total_flops()))
+    return fc, _shares(marks)
+
+
 def hart_info(card, model=None, chain: Sequence[str] = ()) -> dict:
     """``varbench info --json`` of HART: transformer (with its residual diffusion head), tokenizer and
     text model parameters; FLOPs of one image with the full 300-token context (official: the prompt is
-    padded to ``context_token`` and every position is processed). ``model``: the meta-device model
+    padded to ``context_token`` and every position is processed). ``model``: the meta-device generator
     with a token method's policy installed (``chain`` names it; FLOPs are counted as the policy runs);
-    default: the dense model built from the card."""
+    default: the dense generator built from the card."""
     from bench.models.text import qwen2_params
     cfg = card.config()
     model = card.build("meta", cfg) if model is None else model
-    ctx = torch.zeros(1, cfg.context_token, cfg.context_dim, device="meta")
-    mask = torch.ones(1, cfg.context_token, dtype=torch.long, device="meta")
-
-    def flops(**kw):
-        fc = FlopCounterMode(display=False)
-        with fc:
-            model.sample_tokens(ctx, mask, seed=None, **kw)
-        return int(fc.get_total_flops())
-
     with torch.device("meta"):
         fc = FlopCounterMode(display=False)
         with fc, torch.no_grad():
             model.tokenizer.fhat_to_img(torch.zeros(1, cfg.Cvae, cfg.patch_nums[-1], cfg.patch_nums[-1]))
     return {
         "model": card.name,
-        "params": count_params(model),
-        "diffusion_head_params": count_params(model.diffloss),
+        "params": count_params(model.hart),
+        "diffusion_head_params": count_params(model.hart.diffloss),
         "tokenizer_params": count_params(model.tokenizer),
         "text_encoder_params": qwen2_params(),
         "text_encoder": "Qwen2-1.5B config (assumed for Qwen2-VL-1.5B-Instruct, whose config is not verified)",
         "config_source": "checkpoint folder" if (card.folder() / "llm" / "config.json").is_file()
         else "documented guess (bench.models.hart_config.HARTConfig.hart_0_7b)",
-        "flops": flops(cfg=card.sampling["cfg"], more_smooth=False),
+        "flops": int(_hart_count(model, card.sampling["cfg"])[0].get_total_flops()),
         "flops_no_cfg": None,   # HART always runs the [cond; uncond] batch (official sampler)
         "tokenizer_decode_flops": int(fc.get_total_flops()),
         "text_tokens": cfg.context_token,

@@ -147,18 +147,17 @@ def _cmd_sample(args) -> int:
     """Images for prompts, saved as one grid (prompts under the images) and optionally one PNG each."""
     from bench.registry import MODELS
     card = MODELS.get(args.model)
-    if getattr(card, "kind", "c2i") != "t2i":
-        print(f"varbench: error: `varbench sample` takes a text-to-image model with its text encoder "
-              f"(tiny-t2i, infinity-2b); {card.name} is not one", file=sys.stderr)
+    if not _takes_prompts(card):
+        print(f"varbench: error: `varbench sample` takes a text-to-image model ({', '.join(_prompt_models())}); "
+              f"{card.name} is not one", file=sys.stderr)
         return 2
     if args.n < 1 or args.n > 64:
         print(f"varbench: error: --n {args.n} is out of range [1, 64]", file=sys.stderr)
         return 2
-    from bench.defaults import check_sampling
-    sampling = dict(card.sampling)
-    sampling.update(check_sampling({k: v for k, v in (("cfg", args.cfg), ("tau", args.tau), ("top_k", args.top_k),
-                                                      ("top_p", args.top_p)) if v is not None}))
-    if card.text_cfg is not None:   # tiny: check the words before loading anything
+    from bench.defaults import model_sampling
+    sampling = model_sampling(card.sampling, {k: v for k, v in (("cfg", args.cfg), ("tau", args.tau), ("top_k", args.top_k),
+                                                                ("top_p", args.top_p)) if v is not None}, card.name)
+    if getattr(card, "text_cfg", None) is not None:   # tiny: check the words before loading anything
         from bench.models.text import WordTokenizer
         WordTokenizer(card.text_cfg.vocab, card.text_cfg.max_len)(args.prompt)
     from bench.image_grid import save_grid
@@ -170,6 +169,16 @@ def _cmd_sample(args) -> int:
     print(f"wrote {args.out}: {len(prompts)} image(s) of {card.name}, seed {args.seed}, "
           + ", ".join(f"{k} {v}" for k, v in sampling.items()))
     return 0
+
+
+def _takes_prompts(card) -> bool:
+    from bench.plan import CONDITIONS
+    return CONDITIONS[getattr(card, "kind", "c2i")] == "prompts"
+
+
+def _prompt_models() -> list:
+    from bench.registry import MODELS
+    return [n for n in MODELS.names() if _takes_prompts(MODELS.get(n))]
 
 
 def _sampling_overrides(args) -> dict:
@@ -490,11 +499,12 @@ def _geneval_bench(name: str):
 
 def _folder_generator(args, bench):
     """(generator, sampling settings) of ``--model`` (default: the bench's) for a folder's images."""
+    from bench.defaults import model_sampling
     from bench.registry import MODELS
     card = MODELS.get(args.model or bench.model)
-    if getattr(card, "kind", "c2i") != "t2i":
-        raise ValueError(f"--model {card.name} is not a text-to-image model with a text encoder (tiny-t2i, infinity-2b)")
-    sampling = {**card.sampling, **_sampling_overrides(args)}
+    if not _takes_prompts(card):
+        raise ValueError(f"--model {card.name} is not a text-to-image model ({', '.join(_prompt_models())})")
+    sampling = model_sampling(card.sampling, _sampling_overrides(args), card.name)
     return card(args.ckpt_dir, device=_device(args, card.world)).eval(), sampling
 
 

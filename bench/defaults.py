@@ -68,6 +68,16 @@ def check_sampling(sampling: Mapping[str, Any], where: str = "sampling") -> Dict
     return out
 
 
+def model_sampling(defaults_: Mapping[str, Any], overrides: Mapping[str, Any], model: str = "the model") -> Dict[str, Any]:
+    """A model's sampling settings: its defaults with ``overrides`` checked and applied. A setting the
+    model's sampler does not take (VAR has no temperature, HART fixes its top-k) is refused by name."""
+    foreign = [k for k in overrides if k not in defaults_]
+    if foreign:
+        flags = ", ".join("--" + k.replace("_", "-") for k in foreign)
+        raise ValueError(f"{flags}: not a sampling setting of {model} (it takes {', '.join(defaults_)})")
+    return check_sampling({**defaults_, **check_sampling(dict(overrides))})
+
+
 def check_seed(seed: Any) -> int:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise ValueError(f"--seed must be an integer in [0, {SEED_MAX}] (2^32 - 1), got {seed!r}")

@@ -237,9 +237,13 @@ def latency_specs(model: str, chains: Sequence[str], reps: int, seed: int, setti
                   world: Optional[str] = None, ckpt_dir=None, random_weights: bool = False,
                   sampling: Optional[dict] = None):
     """One checked RunSpec per method chain (``bench = "latency"``, the setting in the protocol)."""
-    from bench.plan import RANDOM_CKPT, make_spec
+    from bench.plan import CONDITIONS, RANDOM_CKPT, make_spec
     from bench.registry import MODELS
-    kind = getattr(MODELS.get(model), "kind", "c2i")
+    card = MODELS.get(model)
+    kind = getattr(card, "kind", "c2i")
+    if random_weights and CONDITIONS[kind] == "prompts" and card.world == "paper":
+        raise ValueError(f"--random-weights: {model} encodes its prompts with a pretrained text model, which has no "
+                         f"random stand-in here; time it with its checkpoint files (--ckpt-dir), or time tiny-t2i")
     if setting.get("device") == "coreml" and kind != "c2i":
         raise ValueError(f"--device coreml: the Core ML export covers the class-conditional VAR models; {model} is a "
                          f"{kind} model (time it with --device cpu or cuda)")

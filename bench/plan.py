@@ -23,17 +23,8 @@ from bench.registry import BENCHES, METHODS, MODELS, UnknownNameError
 from bench.spec import canonical_method, chain_versions, parse_chain, parse_method, resolve_chain
 
 DEFAULT_BENCH = {"paper": "imagenet256", "tiny": "shapes-c2i"}
-# what a runnable model kind is conditioned on (HART samples from text-model states, not prompts: not runnable yet)
-CONDITIONS = {"c2i": "classes", "t2i": "prompts"}
-
-
-class NotRunnable(ValueError):
-    """The model cannot be run by the runner: ``reason`` (a table shows the cell empty with it), then
-    what to do instead."""
-
-    def __init__(self, reason: str, hint: str):
-        super().__init__(f"{reason}; {hint}")
-        self.reason = reason
+# what each model kind is conditioned on
+CONDITIONS = {"c2i": "classes", "t2i": "prompts", "hart": "prompts"}
 
 
 def requested_chain(methods: str | Sequence[str] | None) -> List[str]:
@@ -63,11 +54,7 @@ def make_spec(model: str, methods: str | Sequence[str] | None = (), bench: Optio
     if bench_cls.world not in (world, "any") or card.world != world:
         raise ValueError(f"world mismatch: world {world}, model {model} is {card.world}-world, "
                          f"bench {bench_name} is {bench_cls.world}-world")
-    kind = getattr(card, "kind", "c2i")
-    if kind not in CONDITIONS:
-        raise NotRunnable(f"model {model} ({kind}) cannot be run by the runner yet: its generator takes text-model "
-                          f"states, not prompts", f"`varbench info {model}` gives its weight-free accounting")
-    takes = CONDITIONS[kind]
+    takes = CONDITIONS[getattr(card, "kind", "c2i")]
     if bench_cls.conditions not in (takes, "any"):
         fits = sorted(b for b in BENCHES.names()
                       if BENCHES.get(b).conditions == takes and BENCHES.get(b).kind == "images")
@@ -78,7 +65,7 @@ def make_spec(model: str, methods: str | Sequence[str] | None = (), bench: Optio
     n = bench_cls.check_n(n if n is not None else bench_cls.default_n)
     seed = defaults.check_seed(seed)
     overrides = defaults.check_sampling(dict(sampling or {}))
-    full_sampling = defaults.check_sampling({**card.sampling, **overrides})
+    full_sampling = defaults.model_sampling(card.sampling, overrides, model)
     try:
         ckpt = card.identity(ckpt_dir)
     except CheckpointNotFound:
@@ -180,13 +167,9 @@ def table_cells(table, world: str, n: Optional[int] = None, seed: int = 0,
                 cells.append(Cell(row.label, gi, reason=f"not computed: method(s) {', '.join(sorted(set(missing)))} "
                                                         f"not implemented in varbench yet"))
                 continue
-            try:
-                spec = make_spec(model, chain, bench=bench_name, n=n, seed=seed,
-                                 bench_args={**group.bench_args.get(world, {}), **row.bench_args},
-                                 sampling=sampling, world=world, ckpt_dir=ckpt_dir, need_ckpt=need_ckpt)
-            except NotRunnable as e:
-                cells.append(Cell(row.label, gi, reason=f"not computed: {e.reason}"))
-                continue
+            spec = make_spec(model, chain, bench=bench_name, n=n, seed=seed,
+                             bench_args={**group.bench_args.get(world, {}), **row.bench_args},
+                             sampling=sampling, world=world, ckpt_dir=ckpt_dir, need_ckpt=need_ckpt)
             cells.append(Cell(row.label, gi, spec))
     return cells
 

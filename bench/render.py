@@ -58,6 +58,8 @@ Spec format
       - {label: LlamaGen-L, paper_only: true, info: {type: AR}}  # never run: not a varbench model
       - {label: Dense, methods: [], rank: false}     # rank: false leaves the row out of Kendall's tau
       - {label: ALL, methods: [], bench_args: {device: coreml, compute_units: ALL}}  # the bench's setting
+      - {label: HART + FastVAR, model: {paper: hart-0.7b}, method: fastvar, reference: HART}
+                                                     # relative columns against HART, not the table's reference
 
     paper:                        # the paper's numbers: row label -> column id -> number
       SlimGPT: {tf40_fid: 138.91}                    # (or a string shown verbatim, or null)
@@ -74,8 +76,9 @@ or defaults, other checkpoint) is not shown, and a footnote says why. Footnotes 
 row's ``note``, ``row_notes`` and every record's ``notes`` (deviations of the method from the paper).
 
 Relative columns (``relative: speedup | ratio | delta``) are computed from the same metric in the
-``reference_row`` (default: the first row with ``methods: []``) of the same column group; their
-error bars are not propagated.
+``reference_row`` (default: the first row with ``methods: []``) of the same column group, or in the
+row a row names as its ``reference`` (e.g. HART + FastVAR against HART where the table's reference is
+Infinity); their error bars are not propagated.
 
 Agreement with the paper: under the rows, every column gets Kendall's tau-b between our values and
 the paper's over the rows that have both (``scipy.stats.kendalltau``; rows with ``rank: false`` left
@@ -182,6 +185,7 @@ class Row:
     rank: bool = True                          # counted in the Kendall tau against the paper
     bench_args: Dict[str, Any] = dataclasses.field(default_factory=dict)   # the bench's setting for this row
     method_by_world: Dict[str, str] = dataclasses.field(default_factory=dict)  # method per world, where it differs
+    reference: Optional[str] = None            # the row its relative columns compare against (default: the table's)
 
 
 def _keys(d: Any, allowed: Iterable[str], required: Iterable[str], where: str) -> dict:
@@ -367,8 +371,8 @@ def _parse_column(c: Any, group: int, where: str) -> Column:
 
 
 def _parse_row(r: Any, where: str) -> Row:
-    r = _keys(r, ("label", "method", "methods", "paper_only", "model", "note", "info", "rank", "bench_args"),
-              ("label",), where)
+    r = _keys(r, ("label", "method", "methods", "paper_only", "model", "note", "info", "rank", "bench_args",
+                  "reference"), ("label",), where)
     kinds = [k for k in ("method", "methods", "paper_only") if r.get(k) not in (None, False)]  # [] counts
     if len(kinds) != 1:
         raise TableSpecError(f"{where}: give exactly one of method, methods, paper_only (got {kinds or 'none'})")
@@ -397,7 +401,8 @@ def _parse_row(r: Any, where: str) -> Row:
                              f"bench's device and compute_units)")
     return Row(label=str(r["label"]), method=method, methods=methods, paper_only=bool(r.get("paper_only")),
                model=model, note=r.get("note"), info=dict(r.get("info") or {}), rank=bool(r.get("rank", True)),
-               bench_args=dict(bench_args), method_by_world=by_world)
+               bench_args=dict(bench_args), method_by_world=by_world,
+               reference=None if r.get("reference") is None else str(r["reference"]))
 
 
 def parse_spec(data: Any, name: str, path: Optional[Path] = None) -> TableSpec:
@@ -463,7 +468,11 @@ def _world_params(d: Any, where: str) -> Dict[str, Dict[str, Dict[str, Any]]]:
 
 
 def _reference_row(label: Optional[str], rows: Tuple[Row, ...], where: str) -> Optional[str]:
-    """The row that relative columns compare against: ``reference_row``, else the first dense row."""
+    """The row that relative columns compare against: ``reference_row``, else the first dense row.
+    A row's own ``reference`` must name a row too."""
+    for r in rows:
+        if r.reference is not None and r.reference not in [x.label for x in rows]:
+            raise TableSpecError(f"{where}: row {r.label!r}: reference {r.reference!r} is not a row label")
     if label is not None:
         if label not in [r.label for r in rows]:
             raise TableSpecError(f"{where}: reference_row {label!r} is not a row label")
@@ -683,15 +692,18 @@ def _derive(spec: TableSpec, rows_out: List[dict], notes: "_Notes") -> None:
     rel = [c for c in spec.columns if c.relative]
     if not rel:
         return
-    ref = next(r for r in rows_out if r["label"] == spec.reference_row)
+    ref_of = {r.label: r.reference or spec.reference_row for r in spec.rows}
     for col in rel:
-        ref_value = ref["cells"][col.id]["ours"]   # read before the reference row's own cell is derived
+        # every reference value is read before any reference row's own cell is derived
+        ref_values = {r["label"]: r["cells"][col.id]["ours"] for r in rows_out if r["label"] in set(ref_of.values())}
         for row in rows_out:
             c = row["cells"][col.id]
+            ref_label = ref_of[row["label"]]
+            ref_value = ref_values.get(ref_label)
             if c["ours"] is None:
                 continue
             if ref_value is None or (col.relative != "delta" and (ref_value == 0 or c["ours"] == 0)):
-                row["footnotes"].append(notes.mark(f"{col.header}: no reference value ({spec.reference_row} not measured)"))
+                row["footnotes"].append(notes.mark(f"{col.header}: no reference value ({ref_label} not measured)"))
                 c["ours"] = None
                 continue
             c["ours"] = RELATIVE[col.relative][1](c["ours"], ref_value)

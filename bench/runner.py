@@ -281,15 +281,22 @@ def package_ops(spec: RunSpec, var_cfg) -> int:
     return _PACKAGE_OPS[key]
 
 
+_COSTS: Dict[tuple, tuple] = {}   # (world, model, chain, seed, sampling) -> (cost, VAR config) of a weight-free count
+
+
 def account(spec: RunSpec, root=None) -> Dict:
     """Weight-free accounting of ``spec`` on the meta device (no checkpoint, no data): parameter
     counts and sampling FLOPs of the model after its method chain (recovery methods change no size
     and are skipped). Writes and returns the accounting record (``bench.records.write_accounting``)."""
     from bench.records import accounting_path, write_accounting
-    gen = MODELS.get(spec.model).build(device="meta")
-    gen = apply_chain(gen, spec.methods, Context(world=spec.world, seed=spec.seed, progress=False))
-    cost = {k: v for k, v in model_cost(gen, spec.sampling).items() if v is not None}
+    key = (spec.world, spec.model, tuple(spec.methods), spec.seed, json.dumps(spec.sampling, sort_keys=True))
+    if key not in _COSTS:   # a table's benches share their model's count
+        gen = MODELS.get(spec.model).build(device="meta")
+        gen = apply_chain(gen, spec.methods, Context(world=spec.world, seed=spec.seed, progress=False))
+        _COSTS[key] = ({k: v for k, v in model_cost(gen, spec.sampling).items() if v is not None},
+                       getattr(getattr(gen, "var", None), "cfg", None))
+    cost, var_cfg = dict(_COSTS[key][0]), _COSTS[key][1]
     if spec.bench == "latency" and (spec.protocol or {}).get("device") == "coreml":
-        cost["package_ops"] = package_ops(spec, gen.var.cfg)
+        cost["package_ops"] = package_ops(spec, var_cfg)
     write_accounting(root, spec, cost)
     return json.loads(accounting_path(root, spec).read_text())

@@ -233,3 +233,12 @@ def test_pass_model_recovers_an_affine_cost_and_predicts_other_passes():
     assert predicted_scales_ms(grouped, base, a, b) == pytest.approx(9 + (5 + 2) + (5 + 6) + 1 + 1)
     assert pass_model({**base, "scale_passes": [True, True, False, True, True]}) is None   # not all passes
     assert pass_model({"per_scale_ms": base["per_scale_ms"]}) is None                      # an older record
+
+
+@pytest.mark.parametrize("model", ["infinity-2b", "hart-0.7b"])
+def test_random_weights_of_a_paper_text_to_image_model_are_refused(capsys, tmp_path, model):
+    """Their prompts need the pretrained text model: refused before anything is built (it used to build
+    the 2B random model, then fail with a traceback)."""
+    err = err_of(capsys, ["latency", "--model", model, "--random-weights", "--results", str(tmp_path), "--quiet"])
+    assert "pretrained text model" in err and "Traceback" not in err
+    assert not any(tmp_path.iterdir())

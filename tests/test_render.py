@@ -226,6 +226,31 @@ def test_relative_columns_are_derived_from_the_reference_row(tmp_path):
     assert any("no reference value" in f["text"] for f in out["json"]["footnotes"])
 
 
+def test_a_row_may_name_its_own_reference(tmp_path):
+    """Two models in one table (Infinity and HART in FastVAR's): each method row against its own dense row."""
+    spec = parse_spec({
+        "title": "t", "model": {"tiny": "tiny-var"}, "bench": {"tiny": "shapes-c2i"},
+        "groups": [{"columns": [{"id": "speed", "metric": "latency_ms_per_image", "relative": "speedup"}]}],
+        "rows": [{"label": "A", "methods": []}, {"label": "A+m", "method": "magnitude:sparsity=0.2"},
+                 {"label": "B", "methods": ["magnitude:sparsity=0.4"], "reference": "B"},
+                 {"label": "B+m", "methods": ["magnitude:sparsity=0.4", "ft:epochs=1"], "reference": "B"}]}, "toy")
+    cells = table_cells(spec, "tiny")
+    sp = {c.row: c.spec for c in cells}
+    lat = {"A": 10.0, "A+m": 5.0, "B": 8.0, "B+m": 2.0}
+    recs = [make_record(sp[k], {}, {"latency_ms_per_image": v}, {}) for k, v in lat.items()]
+    out = render(spec, "tiny", cells, {r["run_id"]: r for r in recs}, out_dir=tmp_path, formats=("json",))
+    got = {r["label"]: r["cells"]["speed"]["ours"] for r in out["json"]["rows"]}
+    assert got == pytest.approx({"A": 1.0, "A+m": 2.0, "B": 1.0, "B+m": 4.0})
+    out = render(spec, "tiny", cells, {r["run_id"]: r for r in recs if r["run_id"] != recs[2]["run_id"]},
+                 out_dir=tmp_path, formats=("json",))
+    assert out["json"]["rows"][3]["cells"]["speed"]["ours"] is None
+    assert any("no reference value (B not measured)" in f["text"] for f in out["json"]["footnotes"])
+    with pytest.raises(TableSpecError, match="row 'B': reference 'C' is not a row label"):
+        parse_spec({"title": "t", "model": {"tiny": "tiny-var"}, "bench": {"tiny": "shapes-c2i"},
+                    "groups": [{"columns": [{"id": "f", "metric": "fid"}]}],
+                    "rows": [{"label": "A", "methods": []}, {"label": "B", "methods": [], "reference": "C"}]}, "x")
+
+
 def test_unknown_table_and_bad_specs_are_clear_errors():
     with pytest.raises(UnknownNameError, match="did you mean 'evar-table2'"):
         load_spec("evar-tabel2")
@@ -451,3 +476,18 @@ def test_cells_that_round_to_zero_carry_no_sign():
     assert _fmt(-0.001, "{:.2f}") == "0.00" and _fmt(-0.0, None) == "0" and _fmt(-0.004, "{:.1%}") == "-0.4%"
     assert _fmt(-0.01, "{:.2f}") == "-0.01" and _fmt(-1e-9, "{:.2e}") == "-1.00e-09" and _fmt(-0.0004, "{:.1%}") == "0.0%"
     assert _fmt(None, "{:.2f}") == "" and _fmt("n/a", "{:.2f}") == "n/a"
+
+
+def test_weight_free_counts_are_shared_by_the_benches_of_one_model_and_chain(tmp_path, monkeypatch):
+    """A table asks for the same model and chain on several benches: the meta-device count runs once."""
+    from bench import runner
+    from bench.plan import make_spec
+    calls = []
+    real = runner.model_cost
+    monkeypatch.setattr(runner, "model_cost", lambda gen, sampling: calls.append(1) or real(gen, sampling))
+    monkeypatch.setattr(runner, "_COSTS", {})
+    a = runner.account(make_spec("tiny-var", "magnitude:sparsity=0.2", bench="shapes-c2i", need_ckpt=False), tmp_path)
+    b = runner.account(make_spec("tiny-var", "magnitude:sparsity=0.2", bench="latency", need_ckpt=False), tmp_path)
+    assert len(calls) == 1 and a["cost"] == b["cost"]
+    c = runner.account(make_spec("tiny-var", "magnitude:sparsity=0.4", bench="latency", need_ckpt=False), tmp_path)
+    assert len(calls) == 2 and c["cost"]["params"] < a["cost"]["params"]

@@ -163,14 +163,12 @@ MODELS.register("tiny-t2i", _tiny_t2i())
 
 
 # ---------------------------------------------------------------- HART (hybrid tokenizer + residual diffusion)
-HART_SOURCE = "https://huggingface.co/mit-han-lab/hart-0.7b-1024px"
-
-
 @dataclass(frozen=True)
 class HARTCard:
     """HART-0.7B: an official checkpoint folder (``llm/`` + ``tokenizer/``, each with ``config.json``),
-    its architecture read from those files. Without the folder, a documented best-guess config serves
-    weight-free accounting only (``bench.models.hart_config.HARTConfig.hart_0_7b``)."""
+    its architecture read from those files, and the Qwen2 text model in ``<ckpt dir>/<text_model>``.
+    Without the folder, a documented best-guess config serves weight-free accounting only
+    (``bench.models.hart_config.HARTConfig.hart_0_7b``)."""
     name: str
     folder_name: str = "hart-0.7b-1024px"
     text_model: str = "Qwen2-VL-1.5B-Instruct"
@@ -193,29 +191,36 @@ class HARTCard:
         from bench.models.hart_config import HARTConfig
         return HARTConfig.hart_0_7b().image_size
 
+    def files(self, ckpt_dir_: Optional[str | os.PathLike] = None) -> Dict[str, Path]:
+        """``{"llm/<weights>": path, "tokenizer/<weights>": path}`` (the text model is checked on load)."""
+        from bench.models.hart_config import checkpoint_files
+        return checkpoint_files(self.folder(ckpt_dir_))
+
+    def identity(self, ckpt_dir_: Optional[str | os.PathLike] = None) -> Dict[str, str]:
+        return {name: sha256(path) for name, path in self.files(ckpt_dir_).items()}
+
     def build(self, device="cpu", cfg=None):
-        """Transformer with its tokenizer attached, randomly initialised (``device='meta'``: accounting)."""
+        """The generator with random weights and no text model (``device='meta'``: accounting)."""
         import torch
 
         from bench.models.hart import HART
+        from bench.models.hart_t2i import HARTGenerator
         from bench.models.hart_vae import HARTTokenizer
         cfg = cfg or self.config()
         with torch.device(device):
-            return HART(cfg, HARTTokenizer(cfg.tokenizer))
+            return HARTGenerator(HART(cfg, HARTTokenizer(cfg.tokenizer)), name=self.name)
 
     def __call__(self, ckpt_dir=None, device="cpu"):
+        """The generator of the checkpoint folder, with its Qwen2 text model (both strictly required)."""
         from bench.models.hart import load_hart
-        folder = self.folder(ckpt_dir)
-        if not (folder / "llm" / "config.json").is_file():
-            raise FileNotFoundError(
-                f"HART checkpoint folder not found: {folder} needs llm/ (config.json, weights) and tokenizer/ "
-                f"(config.json, weights) from {HART_SOURCE}. Put it there (or point --ckpt-dir / "
-                f"VARBENCH_CKPT_DIR at its parent); varbench never downloads at run time.")
-        return load_hart(folder, device=device)
+        from bench.models.hart_t2i import HARTGenerator
+        self.files(ckpt_dir)   # every missing file listed before anything loads
+        return HARTGenerator(load_hart(self.folder(ckpt_dir), device=device), self.text_encoder(ckpt_dir, device),
+                             name=self.name)
 
     def text_encoder(self, ckpt_dir_=None, device="cpu"):
         """HART's Qwen2 prompt encoder from ``<ckpt dir>/<text_model>`` (``transformers``, optional extra):
-        ``feats, mask = enc.encode(prompts)``, then ``model.generate(feats, mask, seed)``."""
+        ``feats, mask = enc.encode(prompts)``."""
         from bench.models.text import QwenTextEncoder
         return QwenTextEncoder(ckpt_dir(ckpt_dir_) / self.text_model, device=device)
 

@@ -54,7 +54,6 @@ Deviations from the official code:
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -62,7 +61,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from bench.models.generator import gumbel_softmax_rng, sample_top_k_top_p
-from bench.models.hart_config import HARTConfig
+from bench.models.hart_config import HARTConfig, checkpoint_files
 from bench.models.hart_diffusion import DiffusionHead
 from bench.models.policy import TokenPolicy, enter_group, run_group, scatter_kept
 
@@ -456,17 +455,14 @@ class HART(nn.Module):
         """Images uint8 [B, 3, H, W] for Qwen2 prompt hidden states [B, Lc, context_dim] and their mask;
         x·255 truncated, as official ``app.py`` and ``sample.py`` save them (VAR's PNGs round)."""
         _, f_hat = self.sample_tokens(context_BLC, context_mask_BL, seed, cfg, top_p, more_smooth, **kw)
+        return self.decode_uint8(f_hat)
+
+    def decode_uint8(self, f_hat: torch.Tensor) -> torch.Tensor:
+        """The tokenizer's image of a sampled f_hat as uint8, x·255 truncated (the last step of ``generate``)."""
         return self.tokenizer.fhat_to_img(f_hat).add_(1).mul_(0.5).mul_(255).to(torch.uint8)
 
 
 # ---------------------------------------------------------------- loading official folders
-def _weights_file(folder: Path, names: Sequence[str]) -> Path:
-    for name in names:
-        if (folder / name).is_file():
-            return folder / name
-    raise FileNotFoundError(f"no weights in {folder}: looked for {', '.join(names)}")
-
-
 def load_hart(path, device="cpu", use_ema: bool = True) -> HART:
     """HART with its tokenizer from an official checkpoint folder (``llm/`` and ``tokenizer/``, each
     with ``config.json``), strictly loaded. ``use_ema`` prefers ``llm/ema_model.bin`` as official
@@ -474,11 +470,7 @@ def load_hart(path, device="cpu", use_ema: bool = True) -> HART:
     from bench.checkpoint import load_built, read_state_dict
     from bench.models.hart_vae import load_tokenizer
 
-    path = Path(path)
+    llm_file, tok_file = checkpoint_files(path, use_ema).values()
     cfg = HARTConfig.from_pretrained_dir(path)
-    llm_dir = path / "llm" if (path / "llm").is_dir() else path
-    names = (("ema_model.bin",) if use_ema else ()) + ("model.safetensors", "pytorch_model.bin")
-    weights = _weights_file(llm_dir, names)
-    tok = load_tokenizer(_weights_file(llm_dir.parent / "tokenizer", ("model.safetensors", "pytorch_model.bin")),
-                         cfg.tokenizer, device)
-    return load_built(lambda: HART(cfg), read_state_dict(weights), weights.name, device).attach(tok)
+    tok = load_tokenizer(tok_file, cfg.tokenizer, device)
+    return load_built(lambda: HART(cfg), read_state_dict(llm_file), llm_file.name, device).attach(tok)

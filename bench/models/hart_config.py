@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Tuple
+from typing import Dict, Tuple
 
 # Scale schedule of the 1024px model (64×64 latent, 14 scales) as HART's paper and README describe it.
 # UNVERIFIED against the real llm/config.json.
@@ -263,3 +263,35 @@ def _pick(cls, d: dict) -> dict:
     if "num_sampling_steps" in out:
         out["num_sampling_steps"] = str(out["num_sampling_steps"])
     return out
+
+
+# ---------------------------------------------------------------- the official checkpoint folder's files
+HART_SOURCE = "https://huggingface.co/mit-han-lab/hart-0.7b-1024px"
+LLM_WEIGHTS = ("model.safetensors", "pytorch_model.bin")   # after ema_model.bin when use_ema
+TOKENIZER_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
+def checkpoint_files(path, use_ema: bool = True) -> Dict[str, Path]:
+    """``{"llm/<weights>": path, "tokenizer/<weights>": path}`` of an official checkpoint folder (or of
+    its ``llm`` folder, the official ``--model_path``): the first weights file present in each, as
+    :func:`load_hart` reads them. One :class:`~bench.checkpoint.CheckpointNotFound` lists everything
+    missing (config files and weights) with where to get it."""
+    from bench.checkpoint import CheckpointNotFound
+    path = Path(path)
+    root = path.parent if path.name == "llm" and not (path / "llm").is_dir() else path
+    found, missing = {}, []
+    for sub, names in (("llm", (("ema_model.bin",) if use_ema else ()) + LLM_WEIGHTS), ("tokenizer", TOKENIZER_WEIGHTS)):
+        d = root / sub
+        if not (d / "config.json").is_file():
+            missing.append(f"  {sub}/config.json")
+        hit = next((d / n for n in names if (d / n).is_file()), None)
+        if hit is None:
+            missing.append(f"  {sub}/ weights: one of {', '.join(names)}")
+        else:
+            found[f"{sub}/{hit.name}"] = hit
+    if missing:
+        raise CheckpointNotFound(
+            f"HART checkpoint folder {root} is incomplete; missing:\n" + "\n".join(missing) + "\n"
+            f"  Get the folder (llm/ and tokenizer/) from {HART_SOURCE} and put it there (or point --ckpt-dir / "
+            f"VARBENCH_CKPT_DIR at its parent). varbench never downloads at run time.")
+    return found

@@ -185,7 +185,7 @@ class T2IGenerator(nn.Module):
     def sample_tokens(self, prompts, seed: Optional[int] = 0, logits_hook=None, **sampling):
         """(bits per scale, summed latent) of prompts (or ``(feats, mask)``): the text encoder, then
         ``sample_bits`` (the counterpart of the class-conditional ``Generator.sample_tokens``)."""
-        feats, mask = self.encode_prompts(prompts) if _is_prompt_list(prompts) else prompts
+        feats, mask = self.encode_prompts(prompts) if is_prompt_list(prompts) else prompts
         return self.sample_bits(feats, mask, seed, logits_hook=logits_hook, **sampling)
 
     def decode_uint8(self, latent: torch.Tensor) -> torch.Tensor:
@@ -247,7 +247,7 @@ def _check_leak(gt_leak: int, gt_bits, schedule, B: int, d: int) -> int:
     return gt_leak
 
 
-def _is_prompt_list(x) -> bool:
+def is_prompt_list(x) -> bool:
     return isinstance(x, (list, tuple)) and all(isinstance(p, str) for p in x)
 
 
