@@ -30,22 +30,15 @@ def _human(n: float) -> str:
 
 
 def _cmd_info(args) -> int:
-    from bench.plan import requested_chain
+    from bench.plan import check_chain_fits, requested_chain
     from bench.registry import MODELS
 
     card = MODELS.get(args.model)
     chain = requested_chain(args.method)     # names and parameters checked before any model is built
     kind = getattr(card, "kind", "c2i")
     if kind != "c2i":   # text-to-image families: their own accounting
-        from bench.spec import method_kind, parse_method, resolve_chain
-        resolve_chain(chain)
-        other = [m for m in chain if method_kind(parse_method(m)[0]) != "tokens"]
-        if other:
-            what = (f"{', '.join(other)} on a text-to-image model: weight and recovery methods apply to the "
-                    f"class-conditional VAR models; token methods (fastvar, lazyvar, stepvar, tome) to the "
-                    f"text-to-image families too")
-            print(f"varbench: error: {what}", file=sys.stderr)
-            return 2
+        from bench.spec import resolve_chain
+        check_chain_fits(card.name, resolve_chain(chain))
         return _INFO_BY_KIND[kind](args, card, chain)
     from bench.accounting import info
     from bench.method import Context, apply_chain

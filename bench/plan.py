@@ -20,11 +20,23 @@ from bench import defaults
 from bench.checkpoint import CheckpointNotFound
 from bench.records import RunSpec
 from bench.registry import BENCHES, METHODS, MODELS, UnknownNameError
-from bench.spec import canonical_method, chain_versions, parse_chain, parse_method, resolve_chain
+from bench.spec import canonical_method, chain_versions, method_kind, parse_chain, parse_method, resolve_chain
 
 DEFAULT_BENCH = {"paper": "imagenet256", "tiny": "shapes-c2i"}
 # what each model kind is conditioned on
 CONDITIONS = {"c2i": "classes", "t2i": "prompts", "hart": "prompts"}
+
+
+def check_chain_fits(model: str, chain: Sequence[str]) -> None:
+    """Weight and recovery methods edit or train a class-conditional VAR; on the text-to-image
+    families only token methods apply (refused by name before any model is built)."""
+    if getattr(MODELS.get(model), "kind", "c2i") == "c2i":
+        return
+    other = list(dict.fromkeys(name for name in (parse_method(m)[0] for m in chain) if method_kind(name) != "tokens"))
+    if other:
+        raise ValueError(f"{', '.join(other)} on a text-to-image model ({model}): weight and recovery methods apply "
+                         f"to the class-conditional VAR models; token methods (fastvar, lazyvar, stepvar, tome) to "
+                         f"the text-to-image families too")
 
 
 def requested_chain(methods: str | Sequence[str] | None) -> List[str]:
@@ -62,6 +74,7 @@ def make_spec(model: str, methods: str | Sequence[str] | None = (), bench: Optio
                          + (f" (benches for it: {', '.join(fits)})" if fits else ""))
     requested = requested_chain(methods if methods is not None else ())
     resolved = resolve_chain(requested) if requested else ()
+    check_chain_fits(model, resolved)
     n = bench_cls.check_n(n if n is not None else bench_cls.default_n)
     seed = defaults.check_seed(seed)
     overrides = defaults.check_sampling(dict(sampling or {}))

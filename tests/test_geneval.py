@@ -313,3 +313,7 @@ def test_run_specs_pair_prompt_benches_with_text_to_image_models():
                                          r"geneval, mjhq30k, shapes-geneval, shapes-mjhq\)"):
         make_spec("tiny-t2i", bench="shapes-c2i", need_ckpt=False)
     assert make_spec("hart-0.7b", bench="geneval", need_ckpt=False).ckpt is None   # HART takes prompts too
+    for model, chain in (("tiny-t2i", "magnitude:sparsity=0.2"), ("hart-0.7b", "evar + psad + fastvar")):
+        with pytest.raises(ValueError, match=rf"^{chain.split(':')[0].split(' ')[0]}(, psad)? on a text-to-image model \({model}\)"):
+            make_spec(model, chain, bench="geneval" if model == "hart-0.7b" else "shapes-geneval", need_ckpt=False)
+    assert make_spec("hart-0.7b", "fastvar", bench="geneval", need_ckpt=False).methods

@@ -169,7 +169,8 @@ def test_tiny_t2i_training_loop_records_its_curves():
 
 @pytest.mark.parametrize("args, msg", [(["--device", "tpu"], "cpu or cuda"), (["--device", "mps"], "cpu or cuda"),
                                        (["--steps", "0"], "≥ 1"), (["--device", "cuda", "--isa-pin"], None),
-                                       (["--background-weight", "0"], "(0, 1]"), (["--background-weight", "1.5"], "(0, 1]")])
+                                       (["--background-weight", "0"], "(0, 1]"), (["--background-weight", "1.5"], "(0, 1]"),
+                                       (["--eval-every", "-1"], "≥ 0"), (["--time-budget", "0"], "> 0 seconds")])
 def test_tiny_t2i_refuses_bad_options_before_training(args, msg, capsys, monkeypatch):
     """Wrong devices and step counts are refused with the range, before any data is made or file written
     (``run`` would fail the test if reached)."""
@@ -193,6 +194,10 @@ def test_tiny_t2i_passes_steps_and_device_to_the_run(monkeypatch, tmp_path):
     tiny_t2i.main(["--out", str(tmp_path), "--background-weight", "0.25"])
     assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "background_weight": 0.25}
     assert "background_weight" not in tiny_t2i.T2I_RECIPE
+    tiny_t2i.main(["--out", str(tmp_path), "--eval-every", "0", "--steps", "30000"])   # a long run, no curve
+    assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "eval_every": 0, "steps": 30000}
+    tiny_t2i.main(["--out", str(tmp_path), "--time-budget", "360", "--steps", "100000"])
+    assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "time_budget_s": 360.0, "steps": 100000}
     tiny_t2i.main(["--out", str(tmp_path)])
     assert seen["recipe"] is tiny_t2i.T2I_RECIPE and seen["stages"] == list(tiny_t2i.STAGES)
 
@@ -231,3 +236,32 @@ def test_tiny_t2i_background_weight_reaches_the_loss():
         ce = T2IGenerator(inf, vae, text).train().token_ce(text(ids[idx], mask[idx]), mask[idx], labels, x)
     w = torch.where(scenes.object_tokens(truths, configs.T2I_SCHEDULE)[idx], 1.0, 0.25)
     assert weighted["curve"][0]["loss"] == pytest.approx((ce * w).sum().item() / w.sum().item(), abs=2e-5)
+
+
+def test_tiny_t2i_time_budget_fixes_the_steps_inside_the_warm_up(monkeypatch):
+    """``time_budget_s``: the first BUDGET_PROBE steps are timed, then the step count is fixed (at most the
+    recipe's steps, at least the probe) while the learning rate is still warming up, so a budgeted run
+    is the plain run of the steps it chose: same weights."""
+    from bench.models.bsq import BSQVAE
+    from bench.recipes import tiny_t2i
+    from bench.tiny import configs
+    monkeypatch.setattr(tiny_t2i, "BUDGET_PROBE", 2)
+    torch.manual_seed(0)
+    vae = BSQVAE(configs.TINY_BSQ).eval()
+    base = dict(tiny_t2i.T2I_RECIPE, steps=3, pool=64, batch=4, eval_every=0, warmup=2)
+    runs = {}
+    for name, extra in (("tiny", dict(time_budget_s=1e-9)), ("ample", dict(time_budget_s=1e9)),
+                        ("some", dict(steps=8, time_budget_s=1.25)), ("two", dict(steps=2)), ("three", {}),
+                        ("four", dict(steps=4))):
+        torch.manual_seed(1)
+        with monkeypatch.context() as m:
+            if name == "some":   # a clock that moves 0.5 s per reading: 0.25 s per step, 1.25 s → 5 → 4 steps (of 2)
+                clock = iter(range(10 ** 6))
+                m.setattr(tiny_t2i.time, "perf_counter", lambda c=clock: next(c) * 0.5)
+            inf, _, info = tiny_t2i.train_t2i(vae, dict(base, **extra), progress=False)
+        runs[name] = (info["steps"], inf.state_dict())
+    assert [runs[k][0] for k in ("tiny", "ample", "some", "two", "three", "four")] == [2, 3, 4, 2, 3, 4]
+    for budgeted, plain in (("tiny", "two"), ("ample", "three"), ("some", "four")):
+        assert all(torch.equal(v, runs[plain][1][k]) for k, v in runs[budgeted][1].items()), budgeted
+    with pytest.raises(ValueError, match="warm-up of ≥ 2 steps"):
+        tiny_t2i.train_t2i(vae, dict(base, warmup=1, time_budget_s=10.0), progress=False)

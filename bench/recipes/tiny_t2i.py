@@ -139,7 +139,12 @@ weights are initialised and rows drawn on the CPU exactly as in a CPU run (a CPU
 what it was before the option existed), the self-correction flips come from a generator on the GPU,
 and the manifest records ``device`` and the GPU's name. ``--steps N`` trains the transformer for N
 steps instead of 6,000 (the manifest's ``recipe`` is the recipe as run): the figures above say this
-model is under-fit on 2 cores, and a GPU makes room to train it longer.
+model is under-fit on 2 cores, and a GPU makes room to train it longer; ``--eval-every N`` spaces the
+quality curve's points (default 1,000; 0: none, only the final eval), each of which samples and scores
+200 prompts and runs the probes. ``--time-budget S`` (recipe key ``time_budget_s``) times the first 100
+steps (inside the 200-step warm-up, so the schedule does not depend on it yet) and then trains as many
+steps as fit S seconds at that pace, in whole hundreds, at least 100 and at most ``--steps``; the manifest's recipe records
+the steps run, so ``--steps`` with that number repeats the run.
 
 ISA pin (opt-in). ``--isa-pin`` runs the whole recipe pinned to AVX2 (``ISA``:
 ``ATEN_CPU_CAPABILITY``, ``MKL_CBWR`` and ``ONEDNN_MAX_CPU_ISA``, ``bench.recipes.tiny.ISA_ENV``), so
@@ -200,6 +205,7 @@ EVAL = dict(per_task=100, seed=0, threads=2)
 BARS = {"single_object": 0.90, "two_object": 0.60, "counting": 0.40, "position": 0.40}
 FILES = {"bsq": "tiny_bsq.safetensors", "t2i": "tiny_t2i.safetensors", "text": "tiny_t2i_text.safetensors"}
 STAGES = ("bsq", "t2i", "eval")
+BUDGET_PROBE = 100   # ``time_budget_s``: steps timed before the step count is fixed (inside the warm-up)
 ISA = "avx2"   # the SIMD level of ``--isa-pin`` (module docstring: ISA pin)
 
 
@@ -326,10 +332,15 @@ def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, sna
     quality_curve: List[dict] = []
     probe_set = probe_inputs(vae, configs.T2I_SCHEDULE) if recipe.get("eval_every") else None
     layout_set = layout_inputs(vae, configs.T2I_SCHEDULE) if recipe.get("eval_every") else None
-    bar = tqdm(range(recipe["steps"]), desc="tiny-t2i", disable=not progress)
-    for step in bar:
+    steps, budget = recipe["steps"], recipe.get("time_budget_s")
+    if budget and recipe["warmup"] < BUDGET_PROBE:
+        raise ValueError(f"a time budget needs a warm-up of ≥ {BUDGET_PROBE} steps (the step count is fixed at step "
+                         f"{BUDGET_PROBE}, before the schedule depends on it); got {recipe['warmup']}")
+    bar = tqdm(total=steps, desc="tiny-t2i", disable=not progress)
+    t_loop, step = time.perf_counter(), 0
+    while step < steps:
         for pg in opt.param_groups:
-            pg["lr"] = _lr(step, recipe["steps"], recipe["lr"], recipe["warmup"])
+            pg["lr"] = _lr(step, steps, recipe["lr"], recipe["warmup"])
         idx = torch.randint(len(ids), (recipe["batch"],), generator=g).to(dev)
         flip_p = int(torch.randint(0, round(100 * recipe["bsc_strength"]) + 1, (1,), generator=g)) * 0.01
         labels, x = vae.requantize(z[idx], configs.T2I_SCHEDULE, flip_p, g_flip)
@@ -340,10 +351,17 @@ def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, sna
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for _, p in params], 2.0)
         opt.step()
-        if step % 50 == 0 or step == recipe["steps"] - 1:
+        if budget and step + 1 == BUDGET_PROBE:   # as many steps as fit the budget at this pace (≤ recipe["steps"])
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            per_step = (time.perf_counter() - t_loop) / BUDGET_PROBE
+            steps = max(BUDGET_PROBE, min(recipe["steps"], int(budget / per_step) // BUDGET_PROBE * BUDGET_PROBE))
+            bar.total = steps
+            tqdm.write(f"time budget {budget:g} s at {per_step * 1e3:.1f} ms per step: {steps} steps")
+        if step % 50 == 0 or step == steps - 1:
             curve.append({"step": step, "loss": round(loss.item(), 5)})
             bar.set_postfix(bce=f"{loss.item():.4f}")
-        if recipe.get("eval_every") and ((step + 1) % recipe["eval_every"] == 0 or step == recipe["steps"] - 1):
+        if recipe.get("eval_every") and ((step + 1) % recipe["eval_every"] == 0 or step == steps - 1):
             # the quality curve: the bars on fewer held-out prompts, measured on the fp32 weights in training
             gen.eval()
             q = measure(gen, dict(TINY_T2I_SAMPLING), per_task=recipe["eval_per_task"], progress=False)
@@ -357,8 +375,11 @@ def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, sna
             save_safetensors(inf, snapshot, configs.TINY_T2I.to_dict(), half=True)
             save_safetensors(text, snapshot.with_name(snapshot.name.replace(".safetensors", "_text.safetensors")),
                              configs.TINY_TEXT.to_dict(), half=True)
+        step += 1
+        bar.update()
+    bar.close()
     inf.eval(), text.eval()
-    return inf.cpu(), text.cpu(), {"curve": curve, "quality_curve": quality_curve}
+    return inf.cpu(), text.cpu(), {"curve": curve, "quality_curve": quality_curve, "steps": steps}
 
 
 # ------------------------------------------------------------------ 3. quality bars
@@ -406,6 +427,7 @@ def run(out: Path, stages=STAGES, progress: bool = True, device: str = "cpu", t2
             vae = load_bsq(out / FILES["bsq"], configs.TINY_BSQ).to(device)
             snap = out / "tiny_t2i.snapshot.safetensors"
             inf, text, info = train_t2i(vae, t2i_recipe, progress, snapshot=snap)
+            t2i_recipe = {**t2i_recipe, "steps": info["steps"]}   # the recipe as run (a time budget fixes the steps)
             for p in (snap, snap.with_name("tiny_t2i.snapshot_text.safetensors")):
                 p.unlink(missing_ok=True)
             save_safetensors(inf, out / FILES["t2i"], configs.TINY_T2I.to_dict(), half=True)
@@ -451,6 +473,13 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=None,
                    help=f"transformer training steps (default {T2I_RECIPE['steps']}; more when a GPU makes room: the "
                         "manifest records the recipe as run)")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help=f"steps between the quality curve's points (default {T2I_RECIPE['eval_every']}; 0: no curve, "
+                        "only the final eval: each point samples and scores 200 prompts)")
+    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help=f"train as many steps as fit SECONDS at the pace of the first {BUDGET_PROBE} (whole hundreds, "
+                        "at most --steps; quality-curve points not counted): for a machine whose speed is not known "
+                        "in advance; the manifest records the steps run")
     p.add_argument("--background-weight", type=float, default=None,
                    help="weight in (0, 1] of the loss of tokens whose cell holds no object (default: absent, i.e. 1, "
                         "Infinity's uniform average; recorded in the manifest's recipe)")
@@ -470,6 +499,10 @@ def main(argv=None) -> int:
                 "run on the CPU with --device cpu")
     if a.steps is not None and a.steps < 1:
         p.error(f"--steps must be ≥ 1, got {a.steps}")
+    if a.time_budget is not None and not a.time_budget > 0:
+        p.error(f"--time-budget must be > 0 seconds, got {a.time_budget}")
+    if a.eval_every is not None and a.eval_every < 0:
+        p.error(f"--eval-every must be ≥ 0 (0: no quality curve), got {a.eval_every}")
     if a.background_weight is not None and not 0 < a.background_weight <= 1:
         p.error(f"--background-weight must be in (0, 1], got {a.background_weight}")
     if a.isa_pin and device.type != "cpu":
@@ -479,7 +512,8 @@ def main(argv=None) -> int:
         args = sys.argv[1:] if argv is None else list(argv)
         return subprocess.run([sys.executable, "-m", "bench.recipes.tiny_t2i", *args],
                               env={**os.environ, **ISA_ENV[ISA]}).returncode
-    overrides = {k: v for k, v in (("steps", a.steps), ("background_weight", a.background_weight)) if v is not None}
+    overrides = {k: v for k, v in (("steps", a.steps), ("background_weight", a.background_weight),
+                                   ("eval_every", a.eval_every), ("time_budget_s", a.time_budget)) if v is not None}
     recipe = {**T2I_RECIPE, **overrides} if overrides else T2I_RECIPE
     run(Path(a.out), stages, progress=not a.no_progress, device=str(device), t2i_recipe=recipe)
     return 0

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# varbench's checks that need a GPU, as one prepared run (not part of `make test`; CI has no GPU).
+#
+#   OUT=/some/folder bash tests/device/gpu_checks.sh [CHECK ...]
+#
+# CHECK (default: all, in this order; each is logged, a failing one does not stop the others):
+#   env      torch, the GPU, the Python packages varbench imports
+#   latency  $LAT_MODEL (default var-d16, random weights), batch 1, CUDA events: dense vs magnitude 40 %, eager, then with
+#            torch.compile (its compile time reported apart)
+#   official the official VAR sampler beside varbench's on the same weights and seeds (same tokens?
+#            speed ratio); needs a FoundationVision/VAR checkout at $VAR_OFFICIAL (default .official/VAR,
+#            e.g. `git --git-dir=<VAR's git dir> archive HEAD | tar -x -C .official/VAR`, the folder
+#            ignored by git: it is never committed)
+#   nccl     a sharded run under torchrun (NCCL, one process per GPU; skipped on one GPU: NCCL puts
+#            no two ranks on a GPU) against the same run in one process: the metrics must be identical;
+#            needs torch-fidelity (carry its wheel if missing). With DEVICE=cpu: 2 gloo processes
+#   t2i      tiny-t2i trained on the GPU (background weight $T2I_BG, default 0.25) for as many steps as
+#            fit $T2I_TRAIN_S seconds (default 300; the recipe's --time-budget: paced on its first 100
+#            steps, at most $T2I_MAX_STEPS, default 60000), a quality-curve point every $T2I_EVAL_EVERY
+#            steps (default 5000; 0: none), the quality bars measured at the end
+#
+# Time: t2i takes about T2I_TRAIN_S + 3 minutes (its data and latents, the final eval), the other checks
+# 3–5 minutes together; with the defaults, run t2i in a call of its own (one call ≤ 10 minutes).
+#
+# Everything is written under $OUT (default ./gpu-checks): log.txt (all output), summary.txt (one line
+# per check: ok / FAILED / skipped and its key numbers), t2i/ (manifest.json and the two trained
+# files). DEVICE (default cuda) may be set to cpu to try the script's logic on a machine without a GPU
+# (small: LAT_MODEL=tiny-var REPS=3 T2I_MAX_STEPS=2 T2I_EVAL_EVERY=0).
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-gpu-checks}
+DEVICE=${DEVICE:-cuda}
+PY=${PY:-python3}
+REPS=${REPS:-20}
+LAT_MODEL=${LAT_MODEL:-var-d16}
+T2I_BG=${T2I_BG:-0.25}
+T2I_TRAIN_S=${T2I_TRAIN_S:-300}
+T2I_EVAL_EVERY=${T2I_EVAL_EVERY:-5000}
+T2I_MAX_STEPS=${T2I_MAX_STEPS:-60000}
+VAR_OFFICIAL=${VAR_OFFICIAL:-.official/VAR}
+SCRATCH=$(mktemp -d)
+mkdir -p "$OUT"
+LOG="$OUT/log.txt"; SUMMARY="$OUT/summary.txt"
+: >"$LOG"; : >"$SUMMARY"
+export PYTHONUNBUFFERED=1
+checks=("$@"); [ ${#checks[@]} -eq 0 ] && checks=(env latency official nccl t2i)
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+run() {   # run CMD...: its output into the log (and on screen), its status returned
+    echo "+ $*" | tee -a "$LOG"
+    "$@" 2>&1 | tr '\r' '\n' | grep -v -E '(it/s|s/it)\]$' | tee -a "$LOG"
+    return "${PIPESTATUS[0]}"
+}
+
+check_env() {
+    run "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
+torch.cuda.get_device_name() if torch.cuda.is_available() else '')" || return 1
+    run "$PY" - <<'EOF'
+import importlib.util
+need = ["torch", "numpy", "scipy", "yaml", "tqdm", "safetensors", "pandas", "jinja2", "matplotlib",
+        "torch_fidelity", "cleanfid", "open_clip", "coremltools"]
+missing = [m for m in need if importlib.util.find_spec(m) is None]
+print("missing:", ", ".join(missing) or "none", "(the nccl check needs torch_fidelity)")
+EOF
+}
+
+check_latency() {
+    local res="$SCRATCH/latency"
+    run "$PY" -m bench latency --model "$LAT_MODEL" --random-weights --device "$DEVICE" --batch 1 --reps "$REPS" \
+        --method dense --method magnitude:sparsity=0.4 --results "$res" --quiet || return 1
+    run "$PY" -m bench latency --model "$LAT_MODEL" --random-weights --device "$DEVICE" --batch 1 --reps "$REPS" \
+        --method dense --compile --results "$res" --quiet
+}
+
+check_official() {
+    if [ ! -d "$VAR_OFFICIAL" ]; then echo "no checkout at $VAR_OFFICIAL"; return 2; fi
+    run "$PY" tests/fixtures/official/sampler_speed.py --official "$VAR_OFFICIAL" --device "$DEVICE" \
+        --batch 1 --reps "$REPS"
+}
+
+check_nccl() {
+    local n=120 single="$SCRATCH/single" sharded="$SCRATCH/sharded" procs
+    if [ "$DEVICE" = cpu ]; then procs=2; else
+        procs=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+        # a process group starts only with WORLD_SIZE > 1, and NCCL puts no two ranks on one GPU
+        if [ "$procs" -lt 2 ]; then echo "nccl: $procs GPU(s); a sharded NCCL run needs at least 2"; return 2; fi
+    fi
+    run "$PY" -m bench run --model tiny-var --n $n --device "$DEVICE" --results "$single" --quiet || return 1
+    run "$PY" -m torch.distributed.run --standalone --nproc_per_node="$procs" -m bench -- run --model tiny-var \
+        --n $n --device "$DEVICE" --results "$sharded" --quiet || return 1
+    run "$PY" - "$single" "$sharded" <<'EOF'
+import json, sys
+from pathlib import Path
+recs = [json.loads(next(p for p in Path(d).rglob("*.json") if '"run_id"' in p.read_text()).read_text()) for d in sys.argv[1:]]
+a, b = (r["metrics"] for r in recs)
+print("metrics identical:", a == b, {k: a[k] for k in sorted(a)[:4]})
+sys.exit(0 if a == b else 1)
+EOF
+}
+
+check_t2i() {
+    local out="$OUT/t2i"
+    mkdir -p "$out" && cp assets/tiny/manifest.json assets/tiny/tiny_bsq.safetensors "$out"/
+    run "$PY" -m bench.recipes.tiny_t2i --device "$DEVICE" --stages t2i,eval --steps "$T2I_MAX_STEPS" \
+        --time-budget "$T2I_TRAIN_S" --eval-every "$T2I_EVAL_EVERY" --background-weight "$T2I_BG" \
+        --out "$out" --no-progress || return 1
+    rm -f "$out/tiny_bsq.safetensors"   # the shipped file, unchanged (its entry stays in the manifest)
+    run "$PY" -c "import json; e = json.load(open('$out/manifest.json'))['models']['tiny-t2i']; q = e['quality']; \
+print('steps', e['recipe']['steps'], 'train_seconds', e['train_seconds'], 'quality', \
+{k: q[k] for k in ('single_object', 'two_object', 'counting', 'position')}, 'met', q['met'])"
+}
+
+for c in "${checks[@]}"; do
+    if ! declare -F "check_$c" >/dev/null; then note "$c: unknown check (env latency official nccl t2i)"; continue; fi
+    start=$(date +%s)
+    "check_$c"; rc=$?
+    secs=$(( $(date +%s) - start ))
+    case $rc in
+        0) note "$c: ok (${secs} s)";;
+        2) note "$c: skipped (${secs} s; see log)";;
+        *) note "$c: FAILED rc $rc (${secs} s; see log)";;
+    esac
+done
+rm -rf "$SCRATCH"
+cat "$SUMMARY"
