@@ -136,3 +136,12 @@ def test_latency_bench_runs_hart_from_its_checkpoint_folder(tmp_path, models, mo
     assert fast["cost"]["flops"] < dense["cost"]["flops"]
     assert fast["cost"]["scale_flops"][:6] == dense["cost"]["scale_flops"][:6]   # hart schedule: the last two scales
     assert dense["cost"]["params"] == sum(p.numel() for p in models["a"].parameters())
+
+
+def test_a_missing_text_model_is_named_before_the_transformer_loads(tmp_path, models, monkeypatch):  # noqa: F811
+    import bench.models.hart as hart_module
+    from bench.registry import MODELS
+    _folder(tmp_path, models)
+    monkeypatch.setattr(hart_module, "load_hart", lambda *a, **k: pytest.fail("HART loaded first"))
+    with pytest.raises(FileNotFoundError, match="Qwen2-VL-1.5B-Instruct"):
+        MODELS.get("hart-0.7b")(ckpt_dir=tmp_path)

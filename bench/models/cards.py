@@ -214,9 +214,9 @@ class HARTCard:
         """The generator of the checkpoint folder, with its Qwen2 text model (both strictly required)."""
         from bench.models.hart import load_hart
         from bench.models.hart_t2i import HARTGenerator
-        self.files(ckpt_dir)   # every missing file listed before anything loads
-        return HARTGenerator(load_hart(self.folder(ckpt_dir), device=device), self.text_encoder(ckpt_dir, device),
-                             name=self.name)
+        self.files(ckpt_dir)                        # every missing HART file listed before anything loads,
+        text = self.text_encoder(ckpt_dir, device)  # then its folder and transformers, before HART loads
+        return HARTGenerator(load_hart(self.folder(ckpt_dir), device=device), text, name=self.name)
 
     def text_encoder(self, ckpt_dir_=None, device="cpu"):
         """HART's Qwen2 prompt encoder from ``<ckpt dir>/<text_model>`` (``transformers``, optional extra):

@@ -143,8 +143,8 @@ model is under-fit on 2 cores, and a GPU makes room to train it longer; ``--eval
 quality curve's points (default 1,000; 0: none, only the final eval), each of which samples and scores
 200 prompts and runs the probes. ``--time-budget S`` (recipe key ``time_budget_s``) times the first 100
 steps (inside the 200-step warm-up, so the schedule does not depend on it yet) and then trains as many
-steps as fit S seconds at that pace, in whole hundreds, at least 100 and at most ``--steps``; the manifest's recipe records
-the steps run, so ``--steps`` with that number repeats the run.
+steps as fit S seconds at that pace, in whole hundreds, at least 100 and at most ``--steps``; the
+manifest's recipe records the steps run, so ``--steps`` with that number repeats the run.
 
 ISA pin (opt-in). ``--isa-pin`` runs the whole recipe pinned to AVX2 (``ISA``:
 ``ATEN_CPU_CAPABILITY``, ``MKL_CBWR`` and ``ONEDNN_MAX_CPU_ISA``, ``bench.recipes.tiny.ISA_ENV``), so

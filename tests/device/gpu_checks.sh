@@ -23,7 +23,7 @@
 # 3–5 minutes together; with the defaults, run t2i in a call of its own (one call ≤ 10 minutes).
 #
 # Everything is written under $OUT (default ./gpu-checks): log.txt (all output), summary.txt (one line
-# per check: ok / FAILED / skipped and its key numbers), t2i/ (manifest.json and the two trained
+# per check: ok / FAILED / skipped and its time; the numbers are in the log), t2i/ (manifest.json, the two trained
 # files). DEVICE (default cuda) may be set to cpu to try the script's logic on a machine without a GPU
 # (small: LAT_MODEL=tiny-var REPS=3 T2I_MAX_STEPS=2 T2I_EVAL_EVERY=0).
 set -u
