@@ -101,7 +101,7 @@ def test_info_method_typo_gets_the_right_advice(capsys):
 def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):
     def interrupted(args):
         raise KeyboardInterrupt
-    monkeypatch.setattr(cli, "_cmd_list", interrupted)
+    monkeypatch.setattr(cli, "cmd_list", interrupted)
     err = err_of(capsys, ["list", "models"], code=130)
     assert err.count("\n") == 1 and "interrupted" in err and "Traceback" not in err
 

@@ -17,7 +17,7 @@ LAYERS = {
     "bench.records": 5, "bench.plan": 5, "bench.method": 5, "methods": 5,
     "bench.runner": 6, "bench.originals": 6, "bench.render": 6, "bench.latency": 6, "bench.coreml": 6, "bench.figures": 6,
     "bench.image_grid": 6, "bench.shard": 6, "bench.sweep": 6, "bench.leaderboard": 6,
-    "bench.recipes": 7, "bench.cli": 7, "bench.__main__": 7,
+    "bench.recipes": 7, "bench.cli": 7, "bench.commands": 7, "bench.__main__": 7,
 }
 # the renderer and the record/plan layer read YAML and JSON only: they may not reach torch code
 TORCH_FREE = ("bench", "bench.checkpoint", "bench.render", "bench.figures", "bench.leaderboard", "bench.sweep", "bench.records", "bench.plan", "bench.spec", "bench.registry", "bench.io",

@@ -76,7 +76,7 @@ def test_emitted_commands_make_exactly_the_todo_cells(tmp_path, capsys):
     for line in lines:                         # each line, parsed by `varbench run`, is its cell's spec
         argv = shlex.split(line)
         args = build_parser().parse_args(argv[1:])
-        assert args.func.__name__ == "_cmd_run" and args.results == str(root.resolve())
+        assert args.func.__name__ == "cmd_run" and args.results == str(root.resolve())
         keys.append(make_spec(args.model, args.method, bench=args.bench, n=args.n, seed=args.seed,
                               world=args.world, sampling={"cfg": args.cfg}).key())
     assert keys == [s.key() for i, s in enumerate(specs) if i not in (0, 4)]

@@ -1,0 +1,1 @@
+"""The ``varbench`` subcommands, one module per group (``bench.cli`` builds the parser and dispatches)."""

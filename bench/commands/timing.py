@@ -1,0 +1,88 @@
+"""``varbench latency`` (timed generations, alternated) and ``coreml`` (export and op counts)."""
+from __future__ import annotations
+
+import json
+
+from bench.commands.common import device_for, sampling_overrides
+
+
+def cmd_latency(args) -> int:
+    from bench.plan import requested_chain
+    from bench.registry import MODELS
+    card = MODELS.get(args.model)
+    world = args.world or card.world
+    coreml = (args.device or "") == "coreml"
+    if coreml:
+        from bench.coreml import require_macos
+        require_macos("--device coreml (latency and op placement per compute unit)")
+        if args.compile:
+            raise ValueError("--compile applies to PyTorch devices, not --device coreml")
+    elif args.compute_units:
+        raise ValueError("--compute-units applies to --device coreml only")
+    device = "coreml" if coreml else device_for(args, world)
+    chains = [" + ".join(requested_chain(m)) or "dense" for m in (args.method or ["dense"])]
+    if len(set(chains)) != len(chains):
+        raise ValueError(f"--method given twice with the same chain: {chains}")
+    from bench.latency import latency_specs, report, run_latency
+    setting = dict(device=device, batch=args.batch, threads=args.threads, compile=args.compile, warmup=args.warmup)
+    specs, labels = [], []
+    for cu in ((args.compute_units or ["CPU_AND_NE", "ALL", "CPU_AND_GPU"]) if coreml else [None]):
+        extra = dict(compute_units=cu, precision=args.precision) if coreml else {}
+        specs += latency_specs(args.model, chains, args.reps, args.seed, {**setting, **extra}, world=world,
+                               ckpt_dir=args.ckpt_dir, random_weights=args.random_weights,
+                               sampling=sampling_overrides(args))
+        labels += [c + (f" @ {cu}" if cu else "") for c in chains]
+    records = run_latency(specs, root=args.results, ckpt_dir=args.ckpt_dir, force=args.force,
+                          progress=not args.quiet)
+    from bench.shard import rank
+    if rank() != 0:                     # torchrun: rank 0 timed alone and reports
+        return 0
+    print(report(specs, records, labels))
+    for spec in specs:
+        print(f"record: {spec.path(args.results)}")
+    return 0
+
+
+def cmd_coreml(args) -> int:
+    if args.action == "ops":
+        from bench.coreml import op_counts, total_ops, weights_bytes
+        counts = op_counts(args.package)
+        if args.json:
+            print(json.dumps({"functions": counts, "weights_bytes": weights_bytes(args.package)}))
+            return 0
+        total = {}
+        for ops in counts.values():
+            for t, n in ops.items():
+                total[t] = total.get(t, 0) + n
+        names = list(counts)
+        print(f"{args.package}: {len(names)} functions, weights {weights_bytes(args.package) / 2 ** 20:.2f} MiB")
+        print(f"{'op type':22s} {'total':>7s} " + " ".join(f"{n[:9]:>9s}" for n in names))
+        for t in sorted(total, key=lambda k: (-total[k], k)):
+            print(f"{t:22s} {total[t]:7d} " + " ".join(f"{counts[n].get(t, 0):9d}" for n in names))
+        non_const = {n: total_ops({n: ops}) for n, ops in counts.items()}
+        print(f"{'ops (without const)':22s} {total_ops(counts):7d} " + " ".join(f"{non_const[n]:9d}" for n in names))
+        return 0
+    # export
+    from bench.plan import RANDOM_CKPT, make_spec
+    out = args.out
+    if not str(out).endswith(".mlpackage"):
+        raise ValueError(f"--out {out}: a Core ML package path must end in .mlpackage")
+    if args.batch < 1:
+        raise ValueError(f"--batch {args.batch}: must be ≥ 1")
+    spec = make_spec(args.model, args.method, bench="latency", n=3, seed=args.seed, world=args.world,
+                     ckpt_dir=args.ckpt_dir, need_ckpt=not args.random_weights)
+    if args.random_weights:
+        import dataclasses
+        spec = dataclasses.replace(spec, ckpt={RANDOM_CKPT: f"torch.manual_seed({args.seed})"})
+    from bench.coreml import _ct, export, op_counts, total_ops, weights_bytes
+    _ct()   # coremltools present, before any model work
+    from bench.runner import prepared_generator
+    gen, ctx, _ = prepared_generator(spec, "cpu", args.ckpt_dir, progress=not args.quiet)
+    meta = {"model": spec.model, "methods": list(spec.methods), "ckpt": spec.ckpt, "batch": args.batch,
+            "precision": args.precision, "patch_nums": list(gen.patch_nums), "notes": ctx.notes}
+    path = export(gen, out, batch=args.batch, precision=args.precision, progress=not args.quiet, metadata=meta)
+    counts = op_counts(path)
+    print(f"wrote {path}: functions {', '.join(counts)}; "
+          f"{total_ops(counts)} ops (without const), "
+          f"weights {weights_bytes(path) / 2 ** 20:.2f} MiB ({args.precision})")
+    return 0
