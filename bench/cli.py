@@ -79,15 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("sample", help="images for prompts from a text-to-image model, as a grid with the prompts",
                         description="Sample a text-to-image model (same seed, same images) and save a PNG grid: "
                                     "one row per prompt, --n samples each, the prompt under every image.")
-    sp.add_argument("model", help="tiny-t2i, or infinity-2b with its checkpoints and text encoder")
+    sp.add_argument("model", help="tiny-t2i, or infinity-2b / hart-0.7b with their checkpoints and text models")
     sp.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
     sp.add_argument("--out", required=True, help="output PNG (the grid)")
     sp.add_argument("--n", type=int, default=4, help="samples per prompt (1–64, default 4)")
     sp.add_argument("--seed", type=parse_seed, default=0, help="sampling seed (one generator for the batch)")
-    sp.add_argument("--cfg", type=float, default=None, help="guidance (constant across scales); default: the model's")
-    sp.add_argument("--tau", type=float, default=None, help="temperature; default: the model's")
-    sp.add_argument("--top-k", type=int, default=None, help="top-k per bit (2 classes: ≥ 2 is a no-op)")
-    sp.add_argument("--top-p", type=float, default=None, help="top-p per bit")
+    sp.add_argument("--cfg", type=float, default=None, help="guidance (Infinity: constant across scales; HART: "
+                    "ramped up linearly over the scales); default: the model's")
+    sp.add_argument("--tau", type=float, default=None, help="temperature (Infinity family); default: the model's")
+    sp.add_argument("--top-k", type=int, default=None, help="top-k per bit (Infinity family; 2 classes: ≥ 2 is a "
+                    "no-op)")
+    sp.add_argument("--top-p", type=float, default=None, help="top-p (per bit for the Infinity family)")
     sp.add_argument("--ckpt-dir", default=None, help="checkpoint folder (paper world)")
     sp.add_argument("--device", default=None, help="cpu or cuda (default: cuda for the paper world when present)")
     sp.set_defaults(func=cmd_sample)
@@ -268,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
         g = parent.add_parser("generate", help=help_)
         g.add_argument("out", help="image folder")
         g.add_argument("--bench", default=tiny_bench, help=f"{tiny_bench} (default) or {paper_bench}")
-        g.add_argument("--model", default=None, help="default: the bench's model (tiny-t2i, infinity-2b)")
+        g.add_argument("--model", default=None, help="default: the bench's model (tiny-t2i, infinity-2b; or hart-0.7b)")
         if n_help:
             g.add_argument("--n", type=int, default=None, help=n_help)
         g.add_argument("--seed", type=parse_seed, default=0, help="prompt i is seeded with seed·1000003 + i")
