@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Iterable, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:  # torch is imported only by the functions that read or load tensors
     import torch
@@ -62,13 +62,18 @@ def locate_all(files: Iterable[Tuple[str, str]], folder: Optional[str | os.PathL
         if path.is_file():
             found[filename] = path
         else:
-            missing.append(f"  {filename}: get it from {source}")
+            missing.append(f"{filename}: get it from {source}")
     if missing:
-        raise CheckpointNotFound(
-            f"{len(missing)} checkpoint file(s) not found in {d}:\n" + "\n".join(missing) + "\n"
-            f"  Put them in {d} (or point --ckpt-dir / VARBENCH_CKPT_DIR at the folder that has them). "
-            f"varbench never downloads at run time.")
+        raise not_found(d, missing)
     return found
+
+
+def not_found(folder: Path, missing: Sequence[str], put: Optional[str] = None) -> CheckpointNotFound:
+    """The error for missing checkpoint files: one line each (``"name: get it from …"``), then where to put
+    them (``put``; default: in ``folder``, or --ckpt-dir / VARBENCH_CKPT_DIR at the folder that has them)."""
+    put = put or (f"Put them in {folder} (or point --ckpt-dir / VARBENCH_CKPT_DIR at the folder that has them).")
+    return CheckpointNotFound(f"{len(missing)} checkpoint file(s) not found in {folder}:\n"
+                              + "".join(f"  {m}\n" for m in missing) + f"  {put} varbench never downloads at run time.")
 
 
 def read_state_dict(path: str | os.PathLike, entry: Optional[str] = None) -> Dict[str, torch.Tensor]:

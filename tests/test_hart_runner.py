@@ -54,7 +54,7 @@ def test_prompts_give_what_hart_gives_for_their_features(models):  # noqa: F811
     assert torch.equal(gen.generate((feats, mask), seed=5, **KW), want)   # features given directly
     assert not torch.equal(gen.generate(PROMPTS[::-1], seed=5, **KW), want)
     no_text = HARTGenerator(models["a"])
-    with pytest.raises(RuntimeError, match="no text model"):
+    with pytest.raises(RuntimeError, match="no text encoder"):
         no_text.generate(PROMPTS)
 
 
@@ -101,7 +101,8 @@ def test_checkpoint_files_identity_and_what_is_missing(tmp_path, models):  # noq
     with pytest.raises(CheckpointNotFound) as e:
         card.files(tmp_path)
     listed = [ln.strip() for ln in str(e.value).splitlines()[1:-1]]
-    assert listed == ["tokenizer/ weights: one of model.safetensors, pytorch_model.bin"]
+    assert listed == ["tokenizer/ weights (one of model.safetensors, pytorch_model.bin): get it from "
+                      "https://huggingface.co/mit-han-lab/hart-0.7b-1024px"]
 
 
 def test_sampling_settings_the_model_does_not_take_are_refused():

@@ -276,22 +276,20 @@ def checkpoint_files(path, use_ema: bool = True) -> Dict[str, Path]:
     its ``llm`` folder, the official ``--model_path``): the first weights file present in each, as
     :func:`load_hart` reads them. One :class:`~bench.checkpoint.CheckpointNotFound` lists everything
     missing (config files and weights) with where to get it."""
-    from bench.checkpoint import CheckpointNotFound
+    from bench.checkpoint import not_found
     path = Path(path)
     root = path.parent if path.name == "llm" and not (path / "llm").is_dir() else path
     found, missing = {}, []
     for sub, names in (("llm", (("ema_model.bin",) if use_ema else ()) + LLM_WEIGHTS), ("tokenizer", TOKENIZER_WEIGHTS)):
         d = root / sub
         if not (d / "config.json").is_file():
-            missing.append(f"  {sub}/config.json")
+            missing.append(f"{sub}/config.json: get it from {HART_SOURCE}")
         hit = next((d / n for n in names if (d / n).is_file()), None)
         if hit is None:
-            missing.append(f"  {sub}/ weights: one of {', '.join(names)}")
+            missing.append(f"{sub}/ weights (one of {', '.join(names)}): get it from {HART_SOURCE}")
         else:
             found[f"{sub}/{hit.name}"] = hit
     if missing:
-        raise CheckpointNotFound(
-            f"HART checkpoint folder {root} is incomplete; missing:\n" + "\n".join(missing) + "\n"
-            f"  Get the folder (llm/ and tokenizer/) from {HART_SOURCE} and put it there (or point --ckpt-dir / "
-            f"VARBENCH_CKPT_DIR at its parent). varbench never downloads at run time.")
+        raise not_found(root, missing, put=f"Put the folder (llm/, tokenizer/) at {root} (or point --ckpt-dir / "
+                                            f"VARBENCH_CKPT_DIR at its parent).")
     return found

@@ -13,17 +13,16 @@ The tokenizer becomes a submodule here (the official model holds it outside its 
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Optional
 
 import torch
 import torch.nn as nn
 
 from bench.models.hart import HART
-from bench.models.heap import reuse_heap
-from bench.models.t2i import is_prompt_list
+from bench.models.t2i import PromptGenerator
 
 
-class HARTGenerator(nn.Module):
+class HARTGenerator(PromptGenerator):
     family = "hart"   # the model family token methods key their official schedules on
 
     def __init__(self, hart: HART, text_encoder: Optional[nn.Module] = None, name: str = ""):
@@ -56,25 +55,11 @@ class HARTGenerator(nn.Module):
     def token_policy(self, policy) -> None:   # token methods install their policy in the sampling loop
         self.hart.token_policy = policy
 
-    # -------------------------------------------------------------- sampling
-    def encode_prompts(self, prompts: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
-        if self.text_encoder is None:
-            raise RuntimeError(f"{self.name or 'this generator'} has no text model: pass (features, mask) instead of "
-                               f"prompts, or load the model with its Qwen2 text model")
-        feats, mask = self.text_encoder.encode(list(prompts))
-        return feats.to(self.device), mask.to(self.device)
-
+    # -------------------------------------------------------------- sampling (encode_prompts, generate: PromptGenerator)
     def sample_tokens(self, prompts, seed: Optional[int] = 0, logits_hook=None, **sampling):
         """(token pyramid, f_hat) of prompts, or of ``(features, mask)`` given directly."""
-        feats, mask = self.encode_prompts(prompts) if is_prompt_list(prompts) else prompts
+        feats, mask = self.features(prompts)
         return self.hart.sample_tokens(feats, mask, seed, logits_hook=logits_hook, **sampling)
 
     def decode_uint8(self, f_hat: torch.Tensor) -> torch.Tensor:
         return self.hart.decode_uint8(f_hat)
-
-    @torch.no_grad()
-    def generate(self, prompts, seed: Optional[int] = 0, **sampling) -> torch.Tensor:
-        """Images uint8 [B, 3, H, W] of a list of prompts (or of ``(features, mask)``)."""
-        with reuse_heap(self.device.type == "cpu"):
-            _, f_hat = self.sample_tokens(prompts, seed, **sampling)
-            return self.decode_uint8(f_hat)

@@ -38,7 +38,34 @@ class TextEncoder(nn.Module):
         raise NotImplementedError
 
 
-class T2IGenerator(nn.Module):
+class PromptGenerator(nn.Module):
+    """What the prompt-conditioned generators share (``T2IGenerator`` here, ``HARTGenerator``): prompts
+    through ``text_encoder`` to features on the model's device, and ``generate`` = ``sample_tokens`` then
+    ``decode_uint8``. Subclasses give ``device``, ``sample_tokens`` and ``decode_uint8``; prompts may
+    also be given as ``(feats, mask)`` features."""
+    text_encoder: Optional[nn.Module]
+    name: str
+
+    def encode_prompts(self, prompts: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.text_encoder is None:
+            raise RuntimeError(f"{self.name or 'this generator'} has no text encoder: pass text features "
+                               f"(feats, mask) instead of prompts, or load the model with its text encoder")
+        feats, mask = self.text_encoder.encode(list(prompts))
+        return feats.to(self.device), mask.to(self.device)
+
+    def features(self, prompts) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(feats, mask) of a list of prompts, or the features themselves when given."""
+        return self.encode_prompts(prompts) if _is_prompt_list(prompts) else prompts
+
+    @torch.no_grad()
+    def generate(self, prompts, seed: Optional[int] = 0, **sampling) -> torch.Tensor:
+        """Images uint8 [B, 3, H, W] for a list of prompts, or for ``(feats, mask)`` text features."""
+        with reuse_heap(self.device.type == "cpu"):
+            _, latent = self.sample_tokens(prompts, seed, **sampling)
+            return self.decode_uint8(latent)
+
+
+class T2IGenerator(PromptGenerator):
     family = "infinity"   # the model family token methods key their official schedules on
 
     def __init__(self, infinity: Infinity, vae: BSQVAE, text_encoder: Optional[TextEncoder] = None, name: str = "",
@@ -66,13 +93,6 @@ class T2IGenerator(nn.Module):
     def scales_hw(self):
         """(h, w) of every scale's token map."""
         return self.schedule
-
-    def encode_prompts(self, prompts: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
-        if self.text_encoder is None:
-            raise RuntimeError(f"{self.name or 'this generator'} has no text encoder: pass text features "
-                               f"(feats, mask) instead of prompts, or load the model with its text encoder")
-        feats, mask = self.text_encoder.encode(list(prompts))
-        return feats.to(self.device), mask.to(self.device)
 
     # ------------------------------------------------------------------ sampling
     @torch.no_grad()
@@ -175,17 +195,10 @@ class T2IGenerator(nn.Module):
             inf.kv_caching(False)
         return bits, summed.squeeze(2)
 
-    @torch.no_grad()
-    def generate(self, prompts, seed: Optional[int] = 0, **sampling) -> torch.Tensor:
-        """Images uint8 [B, 3, H, W] for a list of prompts, or for ``(feats, mask)`` text features."""
-        with reuse_heap(self.device.type == "cpu"):
-            _, latent = self.sample_tokens(prompts, seed, **sampling)
-            return self.decode_uint8(latent)
-
     def sample_tokens(self, prompts, seed: Optional[int] = 0, logits_hook=None, **sampling):
         """(bits per scale, summed latent) of prompts (or ``(feats, mask)``): the text encoder, then
         ``sample_bits`` (the counterpart of the class-conditional ``Generator.sample_tokens``)."""
-        feats, mask = self.encode_prompts(prompts) if is_prompt_list(prompts) else prompts
+        feats, mask = self.features(prompts)
         return self.sample_bits(feats, mask, seed, logits_hook=logits_hook, **sampling)
 
     def decode_uint8(self, latent: torch.Tensor) -> torch.Tensor:
@@ -247,7 +260,7 @@ def _check_leak(gt_leak: int, gt_bits, schedule, B: int, d: int) -> int:
     return gt_leak
 
 
-def is_prompt_list(x) -> bool:
+def _is_prompt_list(x) -> bool:
     return isinstance(x, (list, tuple)) and all(isinstance(p, str) for p in x)
 
 
