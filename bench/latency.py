@@ -29,7 +29,12 @@ of which reading the blocks' 0.81 GB of fp32 weights at the 23 GB/s a sum over m
 about 35 ms). The report fits
 t_s = a + b·F_s to the first configuration's scales 2…K and predicts each configuration with the same
 weights from its own per-scale FLOPs and passes; measured time over predicted time near 1 says a
-method's gathers, scoring and restores cost nothing beyond the FLOPs it keeps.
+method's gathers, scoring and restores cost nothing beyond the FLOPs it keeps. It then prints each
+configuration's scales speed-up as a share of its FLOPs ratio (the criterion: ≥ 0.85) and the fixed
+costs per pass at which the model would meet that criterion (``pass_cost_span``): a method with fewer
+passes than the first configuration (LazyVAR) meets it only below some fixed cost, so a bound under
+what reading the weights alone takes says the criterion cannot hold on that machine at that batch,
+however little the method wastes.
 
 ``compile``: each transformer block is wrapped by ``torch.compile`` before the warm-up; the extra
 time of the first warm-up generation over the second is reported as ``compile_s`` (not in the
@@ -41,13 +46,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import sys
 import time
+import uuid
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 BOOTSTRAP = 2000
+# a token method's scales speed-up should reach (1 − FLOPS_TOL) × its FLOPs ratio: it wastes little of what it prunes
+FLOPS_TOL = 0.15
 
 
 # ------------------------------------------------------------------------------------------ statistics
@@ -260,7 +269,8 @@ def latency_specs(model: str, chains: Sequence[str], reps: int, seed: int, setti
 def run_latency(specs, root=None, ckpt_dir=None, force: bool = False, progress: bool = True,
                 breakdown_reps: int = 3) -> List[dict]:
     """Measure the specs together (alternated) and write one record each; existing records are
-    reused unless ``force`` (all specs are re-measured together if any one is missing). Under torchrun
+    reused unless ``force`` if they were timed in one run (``timing_group``), else all specs are
+    re-measured together, with the configurations of their earlier runs (``timing_partners``). Under torchrun
     rank 0 alone measures; the other ranks wait and return its records (``bench.shard.rank_zero_only``)."""
     from bench import shard
     if shard.active():
@@ -279,8 +289,18 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_r
 
     if not force:
         found = [find_record(s, root) for s in specs]
-        if all(r is not None for r in found):
+        # reused when there is nothing to compare (one spec) or all were timed in one run
+        if all(r is not None for r in found) and (len(found) == 1 or (
+                timing_group(found[0]) is not None and len({timing_group(r) for r in found}) == 1)):
+            if progress and len(found) > 1:
+                print(f"reused: {len(found)} latency records timed together in one run", file=sys.stderr)
             return found
+    requested = [s.key() for s in specs]
+    partners = timing_partners(specs, root)
+    if partners and progress:
+        print(f"re-timing also {len(partners)} configuration(s) timed together with these before, so that every "
+              f"ratio of their records stays within one run: " + ", ".join(s.label() for s in partners), file=sys.stderr)
+    specs = list(specs) + partners
     for s in specs:
         preflight(s, root)
     p = specs[0].protocol
@@ -330,7 +350,9 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_r
         if tmp is not None:
             import shutil
             shutil.rmtree(tmp, ignore_errors=True)
-    records = []
+    records = {}
+    group = uuid.uuid4().hex[:16]   # one measurement run: only ratios within it are reported
+    timed_with = sorted(s.key() for s in specs)
     if device.startswith("cuda"):
         dev_name = torch.cuda.get_device_name(torch.device(device))
     elif coreml:
@@ -340,7 +362,7 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_r
     for spec in specs:
         r, (gen, notes) = res[spec.key()], gens_cost[spec.key()]
         lat = r["latency_ms"]
-        metrics = {"latency_ms": lat,
+        metrics = {"latency_ms": {**lat, "group": group, "timed_with": timed_with},
                    "images_per_s": {"value": batch * 1e3 / lat["value"], "n": lat["n"],
                                     "ci95": [batch * 1e3 / lat["ci95"][1], batch * 1e3 / lat["ci95"][0]]},
                    "peak_mem_mb": {"value": r["peak_mem_mb"], "n": lat["n"], "kind": r["peak_mem_kind"]}}
@@ -355,8 +377,42 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_r
         tm["total_s"] = sum(tm.values())
         rec = make_record(spec, metrics, cost, tm, notes=notes, device=dev_name)
         write_record(spec.path(root), rec)
-        records.append(rec)
-    return records
+        records[spec.key()] = rec
+    return [records[k] for k in requested]
+
+
+def timing_group(record: Mapping) -> Optional[str]:
+    """The measurement run a latency record was timed in (None: a record from before groups were kept)."""
+    lat = record.get("metrics", {}).get("latency_ms")
+    return lat.get("group") if isinstance(lat, Mapping) else None
+
+
+def timing_partners(specs, root) -> list:
+    """The current configurations timed in one run with any of ``specs`` and not among them.
+
+    A speed-up is a ratio of medians timed side by side; re-timing some configurations of an earlier
+    run alone would leave the others' records paired with nothing measured beside them (a table that
+    reuses both would divide times from two runs). So they are re-timed too: every run's records stay
+    a closed group. Stale records (method version or request changed since) are left out."""
+    from bench.plan import staleness
+    from bench.records import RecordError, RunSpec, find_record, read_record
+    groups = {g for g in (timing_group(r) for r in (find_record(s, root) for s in specs) if r is not None) if g}
+    if not groups:
+        return []
+    keys = {s.key() for s in specs}
+    partners = []
+    for folder in sorted({s.path(root).parent for s in specs}):   # <world>/<model>/latency/
+        for path in sorted(folder.glob("*.json")):
+            if path.name.startswith("."):
+                continue   # a record being written
+            try:
+                rec = read_record(path)
+            except RecordError:
+                continue   # unreadable: nothing to keep paired (a table names it as missing)
+            if rec["run_id"] not in keys and timing_group(rec) in groups and not staleness(rec).stale:
+                keys.add(rec["run_id"])
+                partners.append(RunSpec.from_dict(rec["spec"]))
+    return partners
 
 
 def report(specs, records, labels: Sequence[str]) -> str:
@@ -404,6 +460,28 @@ def report(specs, records, labels: Sequence[str]) -> str:
             scales = sum(rec["cost"]["per_scale_ms"])
             lines.append(f"  {lab[:32]:32s} predicted {pred:.0f} ms, {base_scales / pred:.2f}× "
                          f"(measured {base_scales / scales:.2f}×: {scales / pred:.2f} of predicted time)")
+        against = []
+        for lab, rec in zip(labels[1:], records[1:]):
+            span = pass_cost_span(rec["cost"], base["cost"], b)
+            if span is None or rec["cost"].get("params") != base["cost"].get("params"):
+                continue
+            lo, hi = span
+            flops_ratio = base["cost"]["flops"] / rec["cost"]["flops"]
+            at0 = predicted_scales_ms(base["cost"], base["cost"], 0.0, b) / predicted_scales_ms(rec["cost"], base["cost"], 0.0, b)
+            need = (f"would not meet it at any fixed cost: with none it predicts {at0:.2f}× where "
+                    f"{(1 - FLOPS_TOL) * flops_ratio:.2f}× is needed (scale 1, taken as measured, costs "
+                    f"{base['cost']['per_scale_ms'][0]:.0f} ms in both)" if lo > hi else
+                    "would meet it at any fixed cost" if lo == 0 and hi == np.inf else
+                    f"would meet it with ≤ {hi:.1f} ms per pass" if lo == 0 else
+                    f"would meet it with ≥ {lo:.1f} ms per pass" if hi == np.inf else
+                    f"would meet it with {lo:.1f}–{hi:.1f} ms per pass")
+            share = base_scales / sum(rec["cost"]["per_scale_ms"]) / flops_ratio
+            against.append(f"  {lab[:32]:32s} {share:.2f} of its FLOPs ratio ({'meets' if share >= 1 - FLOPS_TOL else 'misses'}"
+                           f" the criterion); the model {need}")
+        if against:
+            lines.append(f"speed-up of the scales against the FLOPs ratio (criterion: ≥ {1 - FLOPS_TOL:.2f} of it), and the "
+                         f"fixed cost per pass at which the model above would meet it (fitted here: {a:.1f} ms):")
+            lines += against
     lines.append("speed-up = median of the first configuration / median of this one (one run, same machine); "
                  "FLOPs ratio likewise from the transformer's sampling FLOPs")
     return "\n".join(lines)
@@ -423,6 +501,27 @@ def pass_model(base_cost: dict):
     resid = t_s - (a + b * f_s)
     r2 = 1 - float(resid @ resid) / float(((t_s - t_s.mean()) ** 2).sum())
     return float(a), float(b), r2
+
+
+def pass_cost_span(cost: dict, base_cost: dict, b: float, tol: float = None) -> Optional[Tuple[float, float]]:
+    """The fixed costs per pass a ≥ 0 (ms) at which the pass-cost model predicts this configuration's scales
+    speed-up over the base at ≥ (1 − tol) × its FLOPs ratio: (lo, hi), hi possibly inf; lo > hi when none.
+
+    Both predicted times are linear in a (T(a) = T(0) + a·passes), so the condition
+    T_base(a) ≥ k·T(a), k = (1 − tol)·FLOPs ratio, reads a·(P_base − k·P) ≥ k·T(0) − T_base(0).
+    With fewer passes than the base (LazyVAR) a small enough a meets it; a fixed cost above the bound
+    caps the speed-up below the criterion however little the method wastes."""
+    tol = FLOPS_TOL if tol is None else tol
+    t_base, t = predicted_scales_ms(base_cost, base_cost, 0.0, b), predicted_scales_ms(cost, base_cost, 0.0, b)
+    if t is None or t_base is None:
+        return None
+    k = (1 - tol) * base_cost["flops"] / cost["flops"]
+    c = sum(base_cost["scale_passes"][1:]) - k * sum(cost["scale_passes"][1:])
+    rhs = k * t - t_base
+    if c == 0:
+        return (0.0, np.inf) if rhs <= 0 else (np.inf, 0.0)
+    bound = rhs / c
+    return (0.0, bound) if c < 0 else (max(0.0, bound), np.inf)
 
 
 def predicted_scales_ms(cost: dict, base_cost: dict, a: float, b: float) -> Optional[float]:

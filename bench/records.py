@@ -30,6 +30,9 @@ A record is one JSON object::
       },
       "metrics": {                      # metric name (bench.metrics.catalog) -> measurement
         "fid": {"value": 12.3, "stderr": 0.4 | null, "n": 1000, ...extra keys allowed}   # finite numbers
+                                        # latency records' "latency_ms" adds "group" (the measurement run,
+                                        # 16 hex) and "timed_with" (the run_ids alternated in it): tables
+                                        # take speed-ups only between records of one group
       },
       "cost": {"params": 1234567, "flops": 5.6e9, "latency_ms_per_image": 12.0, ...},
       "env": {

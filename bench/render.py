@@ -78,13 +78,15 @@ row's ``note``, ``row_notes`` and every record's ``notes`` (deviations of the me
 Relative columns (``relative: speedup | ratio | delta``) are computed from the same metric in the
 ``reference_row`` (default: the first row with ``methods: []``) of the same column group, or in the
 row a row names as its ``reference`` (e.g. HART + FastVAR against HART where the table's reference is
-Infinity); their error bars are not propagated.
+Infinity); their error bars are not propagated. Latency records name their measurement run
+(``metrics.latency_ms.group``): a ratio between cells of two runs is not taken (the cell stays empty
+with a footnote), since only times measured side by side compare.
 
 Agreement with the paper: under the rows, every column gets Kendall's tau-b between our values and
 the paper's over the rows that have both (``scipy.stats.kendalltau``; rows with ``rank: false`` left
 out), i.e. whether the tiny world orders the rows as the paper does. The ``.json`` output is ``build_table``'s dict: per row its status
 (run / paper-only / no-model), footnote marks and, per column id, ``{ours, stderr, paper, text,
-tex, run_id, methods}``.
+tex, run_id, source, methods}`` (+ ``timing_group`` for a latency cell).
 
 API: ``load_spec(name) -> TableSpec``; ``render(spec, world, cells, found, stale=None, row_notes=None,
 out_dir=None, formats=..., force=False) -> {"md", "tex", "json"}``; ``render_from_records(name,
@@ -646,11 +648,14 @@ def build_table(spec: TableSpec, world: str, cells: Sequence[Any], found: Mappin
                     ours = got[0] * col.scale if col.scale != 1.0 else got[0]
                     stderr = got[1] * col.scale if (got[1] is not None and col.scale != 1.0) else got[1]
                 paper = spec.paper.get(row.label, {}).get(col.id)
+                timed = rec["metrics"].get(col.metric) if rec is not None and got is not None else None
                 cells_out[col.id] = {"ours": ours, "stderr": stderr, "paper": paper,
                                      "run_id": rec["run_id"] if rec is not None and got is not None else None,
                                      "source": "run" if rec is not None and got is not None else (
                                          "accounting" if got is not None else None),
                                      "methods": list(cell.spec.methods) if cell is not None and cell.spec else None}
+                if isinstance(timed, dict) and timed.get("group"):   # latency: its measurement run (ratios within one)
+                    cells_out[col.id]["timing_group"] = timed["group"]
         rows_out.append({"label": row.label, "status": "run" if model else ("paper-only" if row.paper_only else "no-model"),
                          "model": model, "footnotes": marks, "info": {c.id: row.info.get(c.id) for c in spec.info_columns},
                          "cells": cells_out})
@@ -695,7 +700,8 @@ def _derive(spec: TableSpec, rows_out: List[dict], notes: "_Notes") -> None:
     ref_of = {r.label: r.reference or spec.reference_row for r in spec.rows}
     for col in rel:
         # every reference value is read before any reference row's own cell is derived
-        ref_values = {r["label"]: r["cells"][col.id]["ours"] for r in rows_out if r["label"] in set(ref_of.values())}
+        refs = {r["label"]: r["cells"][col.id] for r in rows_out if r["label"] in set(ref_of.values())}
+        ref_values = {label: c["ours"] for label, c in refs.items()}
         for row in rows_out:
             c = row["cells"][col.id]
             ref_label = ref_of[row["label"]]
@@ -704,6 +710,12 @@ def _derive(spec: TableSpec, rows_out: List[dict], notes: "_Notes") -> None:
                 continue
             if ref_value is None or (col.relative != "delta" and (ref_value == 0 or c["ours"] == 0)):
                 row["footnotes"].append(notes.mark(f"{col.header}: no reference value ({ref_label} not measured)"))
+                c["ours"] = None
+                continue
+            if c.get("timing_group") != refs[ref_label].get("timing_group"):   # ratios of medians within one run
+                row["footnotes"].append(notes.mark(
+                    f"{col.header}: not timed in the same run as {ref_label} (a ratio of medians is taken within one "
+                    f"measurement run); `varbench table {spec.name}` times them together"))
                 c["ours"] = None
                 continue
             c["ours"] = RELATIVE[col.relative][1](c["ours"], ref_value)

@@ -109,6 +109,19 @@ def test_cli_compares_two_chains_writes_records_and_reuses_them(tmp_path, capsys
     assert main(["runs", "--json", "--results", str(tmp_path)]) == 0
     listing = json.loads(capsys.readouterr().out)
     assert len(listing) == 2 and not any(r["stale"] for r in listing)
+    # one measurement run = one group; timing dense again beside a new chain re-times its old partner too,
+    # so that no record is left paired with a dense time from another run
+    (g1,) = {r["metrics"]["latency_ms"]["group"] for r in recs}
+    assert all(r["metrics"]["latency_ms"]["timed_with"] == sorted(x["run_id"] for x in recs) for r in recs)
+    assert main(argv[:5] + ["--method", "fastvar"] + argv[7:]) == 0
+    out = capsys.readouterr().out
+    assert "fastvar" in out and "magnitude" not in out           # the report: what was asked
+    now = [read_record(p) for p in sorted(tmp_path.glob("tiny/tiny-var/latency/*.json"))]
+    groups = {r["metrics"]["latency_ms"]["group"] for r in now}
+    assert len(now) == 3 and len(groups) == 1 and groups != {g1}
+    assert main(argv) == 0                     # dense and magnitude: one group again, reused
+    capsys.readouterr()
+    assert [read_record(p)["metrics"]["latency_ms"]["group"] for p in paths] == [groups.pop()] * 2
 
 
 @pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
@@ -233,6 +246,64 @@ def test_pass_model_recovers_an_affine_cost_and_predicts_other_passes():
     assert predicted_scales_ms(grouped, base, a, b) == pytest.approx(9 + (5 + 2) + (5 + 6) + 1 + 1)
     assert pass_model({**base, "scale_passes": [True, True, False, True, True]}) is None   # not all passes
     assert pass_model({"per_scale_ms": base["per_scale_ms"]}) is None                      # an older record
+
+
+def test_pass_cost_span_is_where_the_predicted_speed_up_reaches_the_criterion():
+    """The bound is exact: at it the predicted speed-up is (1 − tol) × the FLOPs ratio; below it more, above less."""
+    from bench.latency import pass_cost_span, predicted_scales_ms
+    b = 2.0
+    base = {"per_scale_ms": [0.5, 0, 0, 0, 0], "scale_flops": [0.1e9, 1e9, 2e9, 4e9, 8e9],
+            "scale_passes": [True] * 5, "flops": 15.1e9}
+    # fewer passes (a LazyVAR-like group of the last three scales, a tenth of their FLOPs)
+    grouped = {"scale_flops": [0.1e9, 1e9, 1.4e9, 0, 0], "scale_passes": [True, True, True, False, False], "flops": 2.5e9}
+    lo, hi = pass_cost_span(grouped, base, b)
+    assert lo == 0 and 0 < hi < np.inf
+
+    def share(cost, a, base=base):   # predicted speed-up over the base, as a share of the FLOPs ratio
+        speed = predicted_scales_ms(base, base, a, b) / predicted_scales_ms(cost, base, a, b)
+        return speed / (base["flops"] / cost["flops"])
+    assert share(grouped, hi) == pytest.approx(0.85)
+    assert share(grouped, 0.9 * hi) > 0.85 > share(grouped, 1.1 * hi)
+    # the same passes and a FLOPs ratio near 1: any fixed cost does (every pass is paid by both)
+    light = {**base, "scale_flops": [0.1e9, 1e9, 2e9, 4e9, 7e9], "flops": 14.1e9}
+    assert pass_cost_span(light, base, b) == (0.0, np.inf)
+    # fewer passes but the FLOP-proportional time alone falls short (scale 1 caps it): none
+    tiny = {"scale_flops": [0.1e9, 1e6, 0, 0, 0], "scale_passes": [True, True, False, False, False], "flops": 0.101e9}
+    lo, hi = pass_cost_span(tiny, base, b)
+    assert lo > hi
+    assert pass_cost_span({"flops": 1e9}, base, b) is None      # an older record without the breakdown
+    # fewer passes, most FLOPs saved where the model charges no time (scale 1 is taken as measured):
+    # only a large enough fixed cost per pass makes the saved passes pay
+    heavy = {**base, "scale_flops": [10e9, 1e9, 2e9, 4e9, 8e9], "flops": 25e9}
+    fewer = {"scale_flops": [0.1e9, 1e9, 14e9, 0, 0], "scale_passes": [True, True, True, False, False], "flops": 15.1e9}
+    lo, hi = pass_cost_span(fewer, heavy, b)
+    assert 0 < lo < hi == np.inf
+    assert share(fewer, lo, heavy) == pytest.approx(0.85)
+    assert share(fewer, 0.9 * lo, heavy) < 0.85 < share(fewer, 1.1 * lo, heavy)
+
+
+def test_report_prints_each_configuration_against_the_criterion():
+    from types import SimpleNamespace
+
+    from bench.latency import pass_cost_span, report
+    F_s = [0.1e9, 1e9, 2e9, 4e9, 8e9]
+
+    def rec(per_scale, flops, passes, total):
+        lat = {"value": total, "iqr": 0.0, "p90": total, "ci95": [total, total]}
+        return {"metrics": {"latency_ms": lat, "images_per_s": {"value": 1e3 / total}, "peak_mem_mb": {"value": 1.0}},
+                "cost": {"params": 10, "flops": sum(flops), "per_scale_ms": per_scale, "decode_ms": 1.0,
+                         "scale_flops": flops, "scale_passes": passes}, "timings": {}}
+    dense = rec([0.5] + [5 + 2 * x / 1e9 for x in F_s[1:]], F_s, [True] * 5, 60.0)
+    group_flops = [0.1e9, 1e9, 1.4e9, 0, 0]
+    group = rec([0.5, 7.0, 7.8, 0.1, 0.1], group_flops, [True, True, True, False, False], 20.0)
+    spec = SimpleNamespace(model="m", n=3, protocol={"device": "cpu", "batch": 1, "threads": 2, "warmup": 1})
+    out = report([spec, spec], [dense, group], ["dense", "group"])
+    line = next(x for x in out.splitlines() if x.lstrip().startswith("group") and "FLOPs ratio (" in x)
+    share = sum(dense["cost"]["per_scale_ms"]) / sum(group["cost"]["per_scale_ms"]) / (sum(F_s) / sum(group_flops))
+    hi = pass_cost_span(group["cost"], dense["cost"], 2.0)[1]
+    assert line.split()[1] == f"{share:.2f}" and "misses the criterion" in line and f"≤ {hi:.1f} ms per pass" in line
+    assert "fitted here: 5.0 ms" in out and not any(x.lstrip().startswith("dense") and "FLOPs ratio (" in x
+                                                     for x in out.splitlines())
 
 
 @pytest.mark.parametrize("model", ["infinity-2b", "hart-0.7b"])

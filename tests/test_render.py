@@ -400,6 +400,18 @@ def test_a_column_group_with_its_own_bench_n_and_setting(tmp_path):
     mag = out["json"]["rows"][1]["cells"]
     assert mag["dfid"]["ours"] == pytest.approx(1.0) and mag["speed"]["ours"] == pytest.approx(1.5)
     assert "bench shapes-c2i + latency" in out["md"]
+    # a speed-up is a ratio within one measurement run: records of two runs give no cell, and say why
+    for groups, speed in ((("g1", "g1"), 1.5), (("g1", "g2"), None), ((None, "g2"), None)):
+        lat = [make_record(by[(row, 1)], {"latency_ms": {"value": v, "group": g}}, {}, {}) if g else
+               make_record(by[(row, 1)], {"latency_ms": {"value": v}}, {}, {})
+               for row, v, g in (("Dense", 90.0, groups[0]), ("Mag", 60.0, groups[1]))]
+        out = render(spec, "tiny", cells, {r["run_id"]: r for r in recs[:2] + lat}, out_dir=tmp_path, formats=("json",))
+        rows = out["json"]["rows"]
+        assert rows[1]["cells"]["speed"]["ours"] == (None if speed is None else pytest.approx(speed))
+        assert rows[0]["cells"]["speed"]["ours"] == pytest.approx(1.0)      # the reference against itself
+        assert rows[1]["cells"]["dfid"]["ours"] == pytest.approx(1.0)       # other columns unaffected
+        said = any("not timed in the same run as Dense" in f["text"] for f in out["json"]["footnotes"])
+        assert said == (speed is None)
     # without its own bench a group runs the table's bench
     assert {c.spec.bench for c in table_cells(_two_bench_spec(), "tiny")} == {"shapes-c2i"}
     for bad, msg in (({"bench_args": {"batch": 16}}, "world"), ({"bench_args": {"tiny": 16}}, "mapping"),

@@ -65,8 +65,8 @@ def cmd_table(args) -> int:
                 from bench.latency import run_latency
                 for specs in timed.values():
                     # one measurement run: speed-ups are ratios of medians timed side by side
-                    print(f"[{spec.name}] timing {len(specs)} configurations of {specs[0].model} together",
-                          file=sys.stderr)
+                    print(f"[{spec.name}] latency of {len(specs)} configurations of {specs[0].model}, "
+                          f"timed together", file=sys.stderr)
                     run_latency(specs, root=root, ckpt_dir=args.ckpt_dir, force=args.force, progress=not args.quiet)
         from bench.records import load_accounting
         records = {r["run_id"]: r for r in load_records(root, world).values()}
