@@ -283,12 +283,19 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_r
     import torch
 
     from bench.accounting import model_cost
-    from bench.records import find_record, make_record, write_record
+    from bench.records import RecordError, find_record, make_record, write_record
     from bench.registry import MODELS
     from bench.runner import preflight, prepared_generator
 
+    def existing(spec):
+        try:
+            return find_record(spec, root)
+        except RecordError:
+            if force:
+                return None   # --force overwrites an unreadable record
+            raise
+    found = [existing(s) for s in specs]
     if not force:
-        found = [find_record(s, root) for s in specs]
         # reused when there is nothing to compare (one spec) or all were timed in one run
         if all(r is not None for r in found) and (len(found) == 1 or (
                 timing_group(found[0]) is not None and len({timing_group(r) for r in found}) == 1)):
@@ -296,7 +303,7 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_r
                 print(f"reused: {len(found)} latency records timed together in one run", file=sys.stderr)
             return found
     requested = [s.key() for s in specs]
-    partners = timing_partners(specs, root)
+    partners = timing_partners(specs, found, root)
     if partners and progress:
         print(f"re-timing also {len(partners)} configuration(s) timed together with these before, so that every "
               f"ratio of their records stays within one run: " + ", ".join(s.label() for s in partners), file=sys.stderr)
@@ -387,16 +394,17 @@ def timing_group(record: Mapping) -> Optional[str]:
     return lat.get("group") if isinstance(lat, Mapping) else None
 
 
-def timing_partners(specs, root) -> list:
-    """The current configurations timed in one run with any of ``specs`` and not among them.
+def timing_partners(specs, records, root) -> list:
+    """The current configurations timed in one run with any of ``specs`` (whose records, or None, are
+    ``records``) and not among them.
 
     A speed-up is a ratio of medians timed side by side; re-timing some configurations of an earlier
     run alone would leave the others' records paired with nothing measured beside them (a table that
     reuses both would divide times from two runs). So they are re-timed too: every run's records stay
     a closed group. Stale records (method version or request changed since) are left out."""
     from bench.plan import staleness
-    from bench.records import RecordError, RunSpec, find_record, read_record
-    groups = {g for g in (timing_group(r) for r in (find_record(s, root) for s in specs) if r is not None) if g}
+    from bench.records import RecordError, RunSpec, read_record
+    groups = {g for g in (timing_group(r) for r in records if r is not None) if g}
     if not groups:
         return []
     keys = {s.key() for s in specs}
