@@ -461,31 +461,16 @@ def report(specs, records, labels: Sequence[str]) -> str:
         lines.append(f"pass-cost model from the first configuration's scales 2…K: t = {a:.1f} ms per pass through the "
                      f"blocks + {b:.2f} ms/GFLOP (R² {r2:.3f}); what each configuration would take if its passes "
                      f"cost what the first's do at the same FLOPs (scale 1 as measured for the first; same weights only):")
-        for lab, rec in zip(labels, records):
+        against = []   # every other configuration against the FLOPs-ratio criterion
+        for i, (lab, rec) in enumerate(zip(labels, records)):
             pred = predicted_scales_ms(rec["cost"], base["cost"], a, b)
             if pred is None or rec["cost"].get("params") != base["cost"].get("params"):
                 continue   # no breakdown, or other weights (the first's fixed cost per pass need not hold)
             scales = sum(rec["cost"]["per_scale_ms"])
             lines.append(f"  {lab[:32]:32s} predicted {pred:.0f} ms, {base_scales / pred:.2f}× "
                          f"(measured {base_scales / scales:.2f}×: {scales / pred:.2f} of predicted time)")
-        against = []
-        for lab, rec in zip(labels[1:], records[1:]):
-            span = pass_cost_span(rec["cost"], base["cost"], b)
-            if span is None or rec["cost"].get("params") != base["cost"].get("params"):
-                continue
-            lo, hi = span
-            flops_ratio = base["cost"]["flops"] / rec["cost"]["flops"]
-            at0 = predicted_scales_ms(base["cost"], base["cost"], 0.0, b) / predicted_scales_ms(rec["cost"], base["cost"], 0.0, b)
-            need = (f"would not meet it at any fixed cost: with none it predicts {at0:.2f}× where "
-                    f"{(1 - FLOPS_TOL) * flops_ratio:.2f}× is needed (scale 1, taken as measured, costs "
-                    f"{base['cost']['per_scale_ms'][0]:.0f} ms in both)" if lo > hi else
-                    "would meet it at any fixed cost" if lo == 0 and hi == np.inf else
-                    f"would meet it with ≤ {hi:.1f} ms per pass" if lo == 0 else
-                    f"would meet it with ≥ {lo:.1f} ms per pass" if hi == np.inf else
-                    f"would meet it with {lo:.1f}–{hi:.1f} ms per pass")
-            share = base_scales / sum(rec["cost"]["per_scale_ms"]) / flops_ratio
-            against.append(f"  {lab[:32]:32s} {share:.2f} of its FLOPs ratio ({'meets' if share >= 1 - FLOPS_TOL else 'misses'}"
-                           f" the criterion); the model {need}")
+            if i > 0:
+                against.append(f"  {lab[:32]:32s} " + _criterion_text(rec["cost"], base["cost"], scales, b))
         if against:
             lines.append(f"speed-up of the scales against the FLOPs ratio (criterion: ≥ {1 - FLOPS_TOL:.2f} of it), and the "
                          f"fixed cost per pass at which the model above would meet it (fitted here: {a:.1f} ms):")
@@ -493,6 +478,26 @@ def report(specs, records, labels: Sequence[str]) -> str:
     lines.append("speed-up = median of the first configuration / median of this one (one run, same machine); "
                  "FLOPs ratio likewise from the transformer's sampling FLOPs")
     return "\n".join(lines)
+
+
+def _criterion_text(cost: dict, base_cost: dict, scales_ms: float, b: float) -> str:
+    """One configuration's measured share of its FLOPs ratio and the fixed costs per pass at which the
+    pass-cost model would meet the criterion (``pass_cost_span``)."""
+    lo, hi = pass_cost_span(cost, base_cost, b)
+    flops_ratio = base_cost["flops"] / cost["flops"]
+    share = sum(base_cost["per_scale_ms"]) / scales_ms / flops_ratio
+    if lo > hi:
+        at0 = predicted_scales_ms(base_cost, base_cost, 0.0, b) / predicted_scales_ms(cost, base_cost, 0.0, b)
+        need = (f"would not meet it at any fixed cost: with none it predicts {at0:.2f}× where "
+                f"{(1 - FLOPS_TOL) * flops_ratio:.2f}× is needed (scale 1, taken as measured, costs "
+                f"{base_cost['per_scale_ms'][0]:.0f} ms in both)")
+    else:
+        need = "would meet it " + ("at any fixed cost" if lo == 0 and hi == np.inf else
+                                   f"with ≤ {hi:.1f} ms per pass" if lo == 0 else
+                                   f"with ≥ {lo:.1f} ms per pass" if hi == np.inf else
+                                   f"with {lo:.1f}–{hi:.1f} ms per pass")
+    return (f"{share:.2f} of its FLOPs ratio ({'meets' if share >= 1 - FLOPS_TOL else 'misses'} the criterion); "
+            f"the model {need}")
 
 
 def pass_model(base_cost: dict):
