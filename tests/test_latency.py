@@ -296,12 +296,15 @@ def test_report_prints_each_configuration_against_the_criterion():
     dense = rec([0.5] + [5 + 2 * x / 1e9 for x in F_s[1:]], F_s, [True] * 5, 60.0)
     group_flops = [0.1e9, 1e9, 1.4e9, 0, 0]
     group = rec([0.5, 7.0, 7.8, 0.1, 0.1], group_flops, [True, True, True, False, False], 20.0)
+    light = rec([0.5, 7.0, 9.0, 13.0, 19.0], [0.1e9, 1e9, 2e9, 4e9, 7e9], [True] * 5, 58.0)   # 0.97 of its ratio
     spec = SimpleNamespace(model="m", n=3, protocol={"device": "cpu", "batch": 1, "threads": 2, "warmup": 1})
-    out = report([spec, spec], [dense, group], ["dense", "group"])
+    out = report([spec] * 3, [dense, group, light], ["dense", "group", "light"])
     line = next(x for x in out.splitlines() if x.lstrip().startswith("group") and "FLOPs ratio (" in x)
     share = sum(dense["cost"]["per_scale_ms"]) / sum(group["cost"]["per_scale_ms"]) / (sum(F_s) / sum(group_flops))
     hi = pass_cost_span(group["cost"], dense["cost"], 2.0)[1]
     assert line.split()[1] == f"{share:.2f}" and "misses the criterion" in line and f"≤ {hi:.1f} ms per pass" in line
+    line = next(x for x in out.splitlines() if x.lstrip().startswith("light") and "FLOPs ratio (" in x)
+    assert line.split()[1] == "0.97" and "meets the criterion" in line and "at any fixed cost" in line
     assert "fitted here: 5.0 ms" in out and not any(x.lstrip().startswith("dense") and "FLOPs ratio (" in x
                                                      for x in out.splitlines())
 

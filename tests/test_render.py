@@ -402,8 +402,7 @@ def test_a_column_group_with_its_own_bench_n_and_setting(tmp_path):
     assert "bench shapes-c2i + latency" in out["md"]
     # a speed-up is a ratio within one measurement run: records of two runs give no cell, and say why
     for groups, speed in ((("g1", "g1"), 1.5), (("g1", "g2"), None), ((None, "g2"), None)):
-        lat = [make_record(by[(row, 1)], {"latency_ms": {"value": v, "group": g}}, {}, {}) if g else
-               make_record(by[(row, 1)], {"latency_ms": {"value": v}}, {}, {})
+        lat = [make_record(by[(row, 1)], {"latency_ms": {"value": v, **({"group": g} if g else {})}}, {}, {})
                for row, v, g in (("Dense", 90.0, groups[0]), ("Mag", 60.0, groups[1]))]
         out = render(spec, "tiny", cells, {r["run_id"]: r for r in recs[:2] + lat}, out_dir=tmp_path, formats=("json",))
         rows = out["json"]["rows"]
