@@ -7,6 +7,8 @@ import sys
 from bench.commands.common import device_for, human, prompt_models, takes_prompts
 from bench.registry import REGISTRIES
 
+NEEDS_TRANSFORMERS = "(install transformers: pip install 'varbench[t2i]')"
+
 
 def cmd_list(args) -> int:
     reg = REGISTRIES[args.kind]
@@ -49,15 +51,29 @@ def cmd_info(args) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"{out['model']}: depth {out['depth']}, width {out['width']}, {out['image_size']}px, "
-          f"cosine attention {'on' if out['attn_l2_norm'] else 'off'}")
-    print(f"  transformer parameters  {out['params']:,}")
-    print(f"  tokenizer parameters    {out['tokenizer_params']:,}")
-    print(f"  FLOPs / image (CFG)     {human(out['flops'])}  ({out['flops']:,})")
-    print(f"  FLOPs / image (no CFG)  {human(out['flops_no_cfg'])}  ({out['flops_no_cfg']:,})")
-    print(f"  VQVAE decode FLOPs      {human(out['tokenizer_decode_flops'])}")
-    print(f"  tokens per scale        {out['tokens_per_scale']}  (L = {out['total_tokens']})")
+    _print_info(out, f", cosine attention {'on' if out['attn_l2_norm'] else 'off'}", [
+        ("transformer parameters", f"{out['params']:,}"),
+        ("tokenizer parameters", f"{out['tokenizer_params']:,}"),
+        ("FLOPs / image (CFG)", f"{human(out['flops'])}  ({out['flops']:,})"),
+        ("FLOPs / image (no CFG)", f"{human(out['flops_no_cfg'])}  ({out['flops_no_cfg']:,})"),
+        ("VQVAE decode FLOPs", human(out['tokenizer_decode_flops']))])
     return 0
+
+
+def _print_info(out: dict, head: str, rows) -> None:
+    """The human-readable `info`: the model line (+ ``head``), one aligned line per (label, text) row,
+    the tokens per scale."""
+    print(f"{out['model']}: depth {out['depth']}, width {out['width']}, {out['image_size']}px{head}")
+    for label, text in rows:
+        print(f"  {label:<23} {text}")
+    print(f"  {'tokens per scale':<23} {out['tokens_per_scale']}  (L = {out['total_tokens']})")
+
+
+def _on_meta(model, chain):
+    """``model`` with ``chain`` applied, on the meta device as the sampler runs it: token methods
+    leave the FLOPs of the kept tokens."""
+    from bench.method import Context, apply_chain
+    return apply_chain(model, chain, Context(progress=False))
 
 
 def _info_t2i(args, card, chain=()) -> int:
@@ -69,9 +85,8 @@ def _info_t2i(args, card, chain=()) -> int:
               f"for {card.name}", file=sys.stderr)
         return 2
     gen = card.build(device="meta", text=card.world == "tiny")
-    if chain:   # token methods run on the meta device as the sampler does: FLOPs of the kept tokens
-        from bench.method import Context, apply_chain
-        gen = apply_chain(gen, chain, Context(progress=False))
+    if chain:
+        gen = _on_meta(gen, chain)
     out = t2i_info(gen, card, text_tokens=args.text_tokens)
     if chain:
         out["methods"] = list(chain)
@@ -81,41 +96,32 @@ def _info_t2i(args, card, chain=()) -> int:
     by_op = out["flops_by_op"]
     # attention runs as batched matrix products (SDPA's math on the meta device); linears are addmm/mm
     attn = sum(v for k, v in by_op.items() if "attention" in k or k == "bmm")
-    print(f"{out['model']}: depth {out['depth']}, width {out['width']}, {out['image_size']}px, "
-          f"{out['bits_per_token']} bits per token, {len(out['tokens_per_scale'])} scales")
-    print(f"  transformer parameters  {out['params']:,}")
-    print(f"  tokenizer parameters    {out['tokenizer_params']:,}")
     tp = out["text_encoder_params"]
-    print(f"  text encoder parameters {tp:,}" if tp is not None else
-          "  text encoder parameters (install transformers: pip install 'varbench[t2i]')")
-    print(f"  FLOPs / image (CFG)     {human(out['flops'])}  ({out['flops']:,}; attention {human(attn)}), "
-          f"prompt of {out['text_tokens']} tokens")
-    print(f"  FLOPs / image (no CFG)  {human(out['flops_no_cfg'])}  ({out['flops_no_cfg']:,})")
-    print(f"  VAE decode FLOPs        {human(out['tokenizer_decode_flops'])}")
-    print(f"  tokens per scale        {out['tokens_per_scale']}  (L = {out['total_tokens']})")
+    _print_info(out, f", {out['bits_per_token']} bits per token, {len(out['tokens_per_scale'])} scales", [
+        ("transformer parameters", f"{out['params']:,}"),
+        ("tokenizer parameters", f"{out['tokenizer_params']:,}"),
+        ("text encoder parameters", f"{tp:,}" if tp is not None else NEEDS_TRANSFORMERS),
+        ("FLOPs / image (CFG)", f"{human(out['flops'])}  ({out['flops']:,}; attention {human(attn)}), "
+                                f"prompt of {out['text_tokens']} tokens"),
+        ("FLOPs / image (no CFG)", f"{human(out['flops_no_cfg'])}  ({out['flops_no_cfg']:,})"),
+        ("VAE decode FLOPs", human(out['tokenizer_decode_flops']))])
     return 0
 
 
 def _info_hart(args, card, chain=()) -> int:
     from bench.accounting import hart_info
-    model = None
-    if chain:   # token methods run on the meta device as the sampler does: FLOPs of the kept tokens
-        from bench.method import Context, apply_chain
-        model = apply_chain(card.build("meta", card.config()), chain, Context(progress=False))
+    model = _on_meta(card.build("meta", card.config()), chain) if chain else None
     out = hart_info(card, model, chain)
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"{out['model']}: depth {out['depth']}, width {out['width']}, {out['image_size']}px "
-          f"(config: {out['config_source']})")
-    print(f"  transformer parameters  {out['params']:,}  (residual diffusion head {out['diffusion_head_params']:,})")
-    print(f"  tokenizer parameters    {out['tokenizer_params']:,}")
     tp = out["text_encoder_params"]
-    print(f"  text model parameters   {tp:,}  ({out['text_encoder']})" if tp is not None else
-          "  text model parameters   (install transformers: pip install 'varbench[t2i]')")
-    print(f"  FLOPs / image (CFG)     {human(out['flops'])}  ({out['flops']:,}), context of {out['text_tokens']} tokens")
-    print(f"  tokenizer decode FLOPs  {human(out['tokenizer_decode_flops'])}")
-    print(f"  tokens per scale        {out['tokens_per_scale']}  (L = {out['total_tokens']})")
+    _print_info(out, f" (config: {out['config_source']})", [
+        ("transformer parameters", f"{out['params']:,}  (residual diffusion head {out['diffusion_head_params']:,})"),
+        ("tokenizer parameters", f"{out['tokenizer_params']:,}"),
+        ("text model parameters", f"{tp:,}  ({out['text_encoder']})" if tp is not None else NEEDS_TRANSFORMERS),
+        ("FLOPs / image (CFG)", f"{human(out['flops'])}  ({out['flops']:,}), context of {out['text_tokens']} tokens"),
+        ("tokenizer decode FLOPs", human(out['tokenizer_decode_flops']))])
     return 0
 
 
