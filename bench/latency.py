@@ -12,9 +12,13 @@ every repetition, so that a drift in the machine's speed hits all of them alike.
 
 Statistics of the ``reps`` times: median, IQR, p90 and a 95 % bootstrap CI of the median (2000
 resamples, seeded). ``latency_ms`` = median time of one generation of ``batch`` images (batch 1: the
-latency of one image); ``images_per_s`` = batch / median (throughput at that batch). Peak memory:
-CUDA ``max_memory_allocated`` over the timed generations, CPU the process's resident-set high-water
-mark (VmHWM, reset before the timed generations where the kernel allows it, else since start).
+latency of one image); ``images_per_s`` = batch / median (throughput at that batch). Peak memory
+(protocol version 2), per configuration as if it ran alone: ``peak_mem_mb`` = its generator's weights
+(parameters and buffers, text encoder and tokenizer included) + the peak working memory of one extra,
+untimed generation: the most that the generation itself allocated and held at once, from PyTorch's
+allocator events under ``torch.profiler`` (CPU and CUDA alike), with ``weights_mb`` and ``working_mb``
+beside it. Version 1 recorded a process-wide figure, the same for every configuration
+of a run (all generators are loaded together, and on the CPU glibc keeps the largest generation's heap).
 Per-scale breakdown: separate, synchronised generations (after the timed ones) that read the clock
 when each scale's logits are ready; ``scale_ms[i]`` runs from the previous scale's logits (scale 0:
 from the start) and includes the previous scale's sampling and VQVAE step; ``decode_ms`` is the
@@ -43,6 +47,7 @@ the protocol, ``n`` = reps.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import platform
@@ -75,27 +80,82 @@ def summarize(times_s: Sequence[float], seed: int = 0) -> Dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------ memory
-def _reset_cpu_peak() -> bool:
-    """Reset the kernel's resident-set high-water mark (Linux ≥ 4.0: write 5 to clear_refs)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
+def weights_mb(gen) -> Optional[float]:
+    """MiB held by a torch generator's parameters and buffers (transformer, tokenizer, text encoder),
+    each storage once (tied or shared weights are held once); None for other generators (Core ML)."""
+    import torch
+    if not isinstance(gen, torch.nn.Module):
+        return None
+    held = {}
+    for t in list(gen.parameters()) + list(gen.buffers()):
+        s = t.untyped_storage()
+        held[(str(s.device), s.data_ptr())] = s.nbytes()
+    return sum(held.values()) / 2 ** 20
 
 
-def _cpu_peak_mb() -> float:
+@contextlib.contextmanager
+def _quiet_fd2():
+    """The profiler's C++ side (kineto) logs its start and stop, and a CPU-only machine's failed CUDA
+    probe, straight to file descriptor 2: not for the user. Python's own stderr is flushed first."""
+    sys.stderr.flush()
+    saved = os.dup(2)
     try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    import resource
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / (1024 * 1024 if platform.system() == "Darwin" else 1024)
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def working_mb(fn: Callable[[], object], device: str = "cpu") -> float:
+    """Peak MiB that ``fn`` allocates on ``device`` (cpu, cuda) and holds at once, from PyTorch's
+    allocator events under ``torch.profiler`` (``profile_memory``): each allocation is added, and
+    subtracted when freed, but only if made inside ``fn`` — freeing tensors made before it (a token
+    method's state from the previous generation) does not lower the peak, as it would not exist in a
+    first generation. Memory that libraries allocate outside PyTorch's allocator (oneDNN scratch, cuBLAS
+    workspaces) is not seen."""
+    import torch
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    with _quiet_fd2(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        stack.extend(e.children)
+        if e.tag == _EventType.Allocation and str(e.extra_fields.device).split(":")[0] == device.split(":")[0]:
+            events.append((e.start_time_ns, e.extra_fields.ptr, e.extra_fields.alloc_size))
+    events.sort(key=lambda ev: ev[0])   # stable: events of one instant keep the tree's order
+    mine: Dict[int, int] = {}
+    live = peak = 0
+    for _, ptr, nbytes in events:
+        if nbytes > 0:
+            mine[ptr] = nbytes
+            live += nbytes
+            peak = max(peak, live)
+        elif ptr in mine:
+            live -= mine.pop(ptr)
+    return peak / 2 ** 20
+
+
+def peak_memory(cfg: "Config", timer: "Timer", seed: int) -> Optional[Dict[str, object]]:
+    """One configuration's peak memory as if it ran alone: its weights + the peak working memory of one
+    untimed generation. A single-process comparison holds every configuration's generator at once, so a
+    process-wide figure (CUDA ``max_memory_allocated``, the CPU's resident high-water mark, which glibc's
+    kept heap pins at the largest generation's) would be the same for every configuration."""
+    weights = weights_mb(cfg.gen)
+    if weights is None:
+        return None
+    import torch
+    with torch.no_grad():
+        work = working_mb(lambda: _generate(cfg, seed), "cuda" if timer.cuda else "cpu")
+    return {"value": weights + work, "weights_mb": weights, "working_mb": work,
+            "kind": "weights + peak working memory of one generation (PyTorch allocator events)"}
 
 
 # ------------------------------------------------------------------------------------------ timing
@@ -194,25 +254,15 @@ def measure(configs: Sequence[Config], device: str, reps: int, warmup: int, seed
             if compile and warmup >= 2:
                 cfg.compile_s = max(firsts[0] - firsts[-1], 0.0)
         times: Dict[str, List[float]] = {c.label: [] for c in configs}
-        peak: Dict[str, float] = {c.label: 0.0 for c in configs}
-        reset_ok = True
         for r in tqdm(range(reps), desc="latency", disable=not progress):
             k = r % len(configs)
             for cfg in list(configs[k:]) + list(configs[:k]):   # rotated order
-                if timer.cuda:
-                    torch.cuda.reset_peak_memory_stats()
-                else:
-                    reset_ok = _reset_cpu_peak() and reset_ok
                 times[cfg.label].append(timer.time(lambda c=cfg, s=seed + 1 + r: _generate(c, s)))
-                mem = torch.cuda.max_memory_allocated() / 2 ** 20 if timer.cuda else _cpu_peak_mb()
-                peak[cfg.label] = max(peak[cfg.label], mem)
         out = {}
         for cfg in configs:
             out[cfg.label] = {
                 "latency_ms": summarize(times[cfg.label], seed),
-                "peak_mem_mb": peak[cfg.label],
-                "peak_mem_kind": "cuda max_memory_allocated" if timer.cuda else
-                ("process VmHWM, reset before each generation" if reset_ok else "process peak RSS since start"),
+                "peak_mem": peak_memory(cfg, timer, seed + 1),
                 "breakdown": per_scale(cfg, timer, seed + 10_000, breakdown_reps),
                 "compile_s": cfg.compile_s,
             }
@@ -372,7 +422,7 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_r
         metrics = {"latency_ms": {**lat, "group": group, "timed_with": timed_with},
                    "images_per_s": {"value": batch * 1e3 / lat["value"], "n": lat["n"],
                                     "ci95": [batch * 1e3 / lat["ci95"][1], batch * 1e3 / lat["ci95"][0]]},
-                   "peak_mem_mb": {"value": r["peak_mem_mb"], "n": lat["n"], "kind": r["peak_mem_kind"]}}
+                   **({"peak_mem_mb": {**r["peak_mem"], "n": 1}} if r["peak_mem"] else {})}
         cost = {**{k: v for k, v in model_cost(gen, spec.sampling, per_scale=True).items() if v is not None},
                 "batch": batch, "device": device,
                 "per_scale_ms": r["breakdown"]["scale_ms"], "decode_ms": r["breakdown"]["decode_ms"],
@@ -431,16 +481,18 @@ def report(specs, records, labels: Sequence[str]) -> str:
              + (" · torch.compile" if p.get("compile") else "")
              + f" · {specs[0].n} timed generations per configuration, alternated, after {p['warmup']} warm-up",
              f"{'configuration':34s} {'median ms':>10s} {'IQR':>8s} {'p90':>9s} {'95% CI of median':>20s} "
-             f"{'img/s':>7s} {'peak MiB':>9s} {'speed-up':>9s} {'FLOPs ratio':>11s}"]
+             f"{'img/s':>7s} {'peak MiB':>9s} {'(weights':>9s} {'+ working)':>10s} {'speed-up':>9s} {'FLOPs ratio':>11s}"]
     base = records[0]
     for lab, rec in zip(labels, records):
         m = rec["metrics"]["latency_ms"]
         speed = base["metrics"]["latency_ms"]["value"] / m["value"]
         flops = base["cost"]["flops"] / rec["cost"]["flops"]
         ci = f"[{m['ci95'][0]:.1f}, {m['ci95'][1]:.1f}]"
+        mem = rec["metrics"].get("peak_mem_mb")
+        mem = (f"{mem['value']:9.0f} {mem['weights_mb']:9.0f} {mem['working_mb']:10.1f}" if mem and "weights_mb" in mem
+               else f"{mem['value']:9.0f} {'':20s}" if mem else f"{'–':>9s} {'':20s}")
         lines.append(f"{lab[:34]:34s} {m['value']:10.1f} {m['iqr']:8.1f} {m['p90']:9.1f} {ci:>20s} "
-                     f"{rec['metrics']['images_per_s']['value']:7.3f} {rec['metrics']['peak_mem_mb']['value']:9.0f} "
-                     f"{speed:8.2f}× {flops:10.2f}×")
+                     f"{rec['metrics']['images_per_s']['value']:7.3f} {mem} {speed:8.2f}× {flops:10.2f}×")
     for lab, rec in zip(labels, records):
         c = rec["cost"]
         if "ops_cpu" in c:
@@ -476,7 +528,8 @@ def report(specs, records, labels: Sequence[str]) -> str:
                          f"fixed cost per pass at which the model above would meet it (fitted here: {a:.1f} ms):")
             lines += against
     lines.append("speed-up = median of the first configuration / median of this one (one run, same machine); "
-                 "FLOPs ratio likewise from the transformer's sampling FLOPs")
+                 "FLOPs ratio likewise from the transformer's sampling FLOPs; peak memory = the configuration's "
+                 "weights + the peak working memory of one generation (as if it ran alone)")
     return "\n".join(lines)
 
 

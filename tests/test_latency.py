@@ -7,7 +7,7 @@ import torch
 
 from bench.benches.latency import LatencyBench
 from bench.cli import main
-from bench.latency import Config, measure, summarize
+from bench.latency import Config, measure, summarize, weights_mb, working_mb
 from bench.records import read_record
 from bench.tiny.assets import ASSETS
 from tests.test_cli_inputs import err_of
@@ -37,7 +37,7 @@ def test_summary_statistics_match_numpy_and_the_ci_brackets_the_median():
 def test_protocol_carries_the_setting_and_round_trips():
     b = LatencyBench(device="cuda:1", batch=4, threads=2, compile=True, warmup=3)
     p = b.identity()
-    assert p == {"version": 1, "device": "cuda", "batch": 4, "threads": None, "compile": True, "warmup": 3}
+    assert p == {"version": 2, "device": "cuda", "batch": 4, "threads": None, "compile": True, "warmup": 3}
     assert LatencyBench(**LatencyBench.args_from_protocol(LatencyBench(batch=2, threads=3).identity())).identity() \
         == LatencyBench(batch=2, threads=3).identity()
     for kw, msg in ((dict(batch=0), "--batch 0"), (dict(warmup=0), "--warmup 0"), (dict(threads=0), "--threads 0")):
@@ -66,6 +66,30 @@ class _Logged:
         return f.to(torch.uint8)
 
 
+def test_working_memory_is_the_peak_of_what_a_call_allocates_and_weights_count_shared_storage_once(capfd):
+    x = torch.randn(512, 512)                  # 1 MiB
+    state = [torch.randn(1024, 1024)]           # 4 MiB made before the first call
+
+    def fn():
+        state.clear()                           # frees what setup or the last call made: not subtracted
+        a = x @ x                               # +1 MiB
+        b = torch.empty(1024, 1024)             # +4 MiB: 5 MiB held at the peak
+        del a
+        state.append(b)                         # kept for the next call, as a token method keeps its state
+        return torch.empty(256, 1024)           # +1 MiB after a's 1 MiB was freed: still 5 at most
+
+    assert working_mb(fn) == pytest.approx(5.0, abs=0.01)
+    assert working_mb(fn) == pytest.approx(5.0, abs=0.01)   # again: frees of the last call's tensors not subtracted
+    assert working_mb(lambda: None) == 0
+    assert "profiler_start" not in capfd.readouterr().err.lower()   # kineto's C++ log lines kept from the user
+    lin = torch.nn.Linear(256, 256)            # 256·256 + 256 floats
+    tied = torch.nn.Sequential(lin, torch.nn.Linear(256, 256))
+    tied[1].weight = lin.weight                # shared: held once
+    assert weights_mb(lin) == pytest.approx((256 * 256 + 256) * 4 / 2 ** 20)
+    assert weights_mb(tied) == pytest.approx((256 * 256 + 2 * 256) * 4 / 2 ** 20)
+    assert weights_mb(object()) is None        # not a torch generator (Core ML): not measured
+
+
 def test_configurations_are_alternated_in_rotated_order():
     log = []
     cfgs = [Config(c, _Logged(c, log), torch.zeros(1), {}) for c in "ABC"]
@@ -90,7 +114,7 @@ def test_cli_compares_two_chains_writes_records_and_reuses_them(tmp_path, capsys
     recs = [read_record(p) for p in paths]
     for r in recs:
         assert r["spec"]["bench"] == "latency" and r["spec"]["n"] == 3
-        assert r["spec"]["protocol"] == {"version": 1, "device": "cpu", "batch": 1, "threads": 1,
+        assert r["spec"]["protocol"] == {"version": 2, "device": "cpu", "batch": 1, "threads": 1,
                                          "compile": False, "warmup": 1}
         lat = r["metrics"]["latency_ms"]
         assert lat["value"] > 0 and len(lat["times_ms"]) == 3 and lat["iqr"] >= 0
@@ -101,6 +125,13 @@ def test_cli_compares_two_chains_writes_records_and_reuses_them(tmp_path, capsys
     pruned = next(r for r in recs if r["spec"]["methods"])
     dense = next(r for r in recs if not r["spec"]["methods"])
     assert pruned["cost"]["params"] < dense["cost"]["params"]
+    # memory per configuration, as if each ran alone: the pruned one holds fewer weights — 4 bytes per
+    # pruned parameter, and per pruned key channel its zero key-bias buffer (4 blocks × 2 of 6 heads × 32)
+    mem_p, mem_d = pruned["metrics"]["peak_mem_mb"], dense["metrics"]["peak_mem_mb"]
+    assert mem_d["weights_mb"] - mem_p["weights_mb"] == pytest.approx(
+        4 * (dense["cost"]["params"] - pruned["cost"]["params"] + 4 * 2 * 32) / 2 ** 20, rel=1e-9)
+    for m in (mem_p, mem_d):
+        assert m["working_mb"] > 0 and m["value"] == pytest.approx(m["weights_mb"] + m["working_mb"])
     created = {p.name: read_record(p)["created"] for p in paths}
     mtimes = {p.name: p.stat().st_mtime_ns for p in paths}
     assert main(argv) == 0                     # reused, not measured again

@@ -91,7 +91,8 @@ for _m in (
     MetricInfo("latency_ms", "Latency (ms)", "lower", "{:.1f}",
                "median wall-clock time of one full generation of the latency bench's batch (batch 1: one image)"),
     MetricInfo("peak_mem_mb", "Peak mem (MiB)", "lower", "{:.0f}",
-               "peak memory during the timed generations: CUDA max allocated, or the process's CPU RSS high-water mark"),
+               "peak memory of one generation as if the configuration ran alone: its weights + the peak working memory "
+               "(CUDA max allocated / PyTorch's CPU allocator)"),
     MetricInfo("latency_ms_per_image", "ms / image", "lower", "{:.1f}",
                "sampling wall time of the run divided by its images (batched, this machine)"),
     MetricInfo("ops_cpu", "#CPU ops", None, "{:.0f}", "Core ML: non-const ops whose preferred device is the CPU (MLComputePlan), all functions"),
