@@ -14,8 +14,10 @@ Spec format (``figures/<name>.yaml``); ``title`` and ``kind`` always, the rest p
 ``pareto``: one point per method chain with a record of ``bench`` (model fixed), y error bars from
 the metric's stderr when recorded, x error bars from the latency IQR; the Pareto front (no point
 both cheaper and better) joined by a line; points labelled by chain. ``scale_latency``: one stacked
-bar per latency record of the model (per-scale medians, then the VQVAE decode), so where a method
-saves time is visible.
+bar per chain (per-scale medians, then the VQVAE decode), so where a method saves time is visible.
+Latency figures take their records from one measurement run (``metrics.latency_ms.group``, as the
+tables compare times only within one): the run that timed the most chains of the model at the
+setting, the newest on a tie; the note under the figure counts the chains only other runs timed.
 
 ``sweep`` — a metric against one method parameter (``fid-vs-sparsity``, ``token-keep-ratio``)::
 
@@ -214,24 +216,40 @@ def _point(rec, metric: str) -> dict:
 
 
 # ------------------------------------------------------------------ pareto, scale_latency
-def _latency_records(records, world, model, setting) -> Dict[str, dict]:
-    out = {}
+def _latency_records(records, world, model, setting) -> Tuple[Dict[str, dict], int]:
+    """Per chain, the latency records of ``model`` at ``setting`` from one measurement run (times are
+    compared within a run only, as in the tables: ``metrics.latency_ms.group``; a record without one is
+    a run of its own): the run that timed the most chains, the newest on a tie. Also how many chains
+    only other runs timed (left out, and said so under the figure)."""
+    runs: Dict[str, Dict[str, dict]] = {}
     for rec in records.values():
         s = rec["spec"]
         if (s["world"], s["model"], s["bench"]) != (world, model, "latency"):
             continue
         p = s.get("protocol") or {}
         if all(p.get(k) == v for k, v in (setting or {}).items()):
-            prev = out.get(_chain(rec))
+            run = runs.setdefault((rec["metrics"].get("latency_ms") or {}).get("group") or rec["run_id"], {})
+            prev = run.get(_chain(rec))
             if prev is None or rec["created"] > prev["created"]:
-                out[_chain(rec)] = rec
-    return out
+                run[_chain(rec)] = rec
+    if not runs:
+        return {}, 0
+    best = max(runs.values(), key=lambda run: (len(run), max(r["created"] for r in run.values())))
+    return best, len(set().union(*runs.values()) - set(best))
 
 
-def pareto_points(spec, records, world) -> List[dict]:
+def _left_out(n: int) -> str:
+    return (f"\n{n} chain{'s' if n > 1 else ''} timed only in another measurement run left out (latencies "
+            f"are compared within one run)") if n else ""
+
+
+def pareto_points(spec, records, world, lat: Optional[Dict[str, dict]] = None) -> List[dict]:
+    """Points of a pareto figure; with ``x: latency_ms`` the chains' latency records (``lat``, default
+    those of ``_latency_records``)."""
     model, bench = spec["model"][world], spec["bench"][world]
     y = spec.get("y", "fid")
-    lat = _latency_records(records, world, model, spec.get("latency")) if spec["x"] == "latency_ms" else {}
+    if lat is None and spec["x"] == "latency_ms":
+        lat = _latency_records(records, world, model, spec.get("latency"))[0]
     best: Dict[str, dict] = {}
     for rec in records.values():
         s = rec["spec"]
@@ -277,7 +295,9 @@ def _check_pareto(spec, where):
 def _draw_pareto(spec, records, world, root, plt):
     from bench.registry import METRICS as REG
     name = spec["name"]
-    pts = pareto_points(spec, records, world)
+    lat, left_out = (_latency_records(records, world, spec["model"][world], spec.get("latency"))
+                     if spec["x"] == "latency_ms" else ({}, 0))
+    pts = pareto_points(spec, records, world, lat)
     if not pts:
         raise EmptyFigureError(f"figure {name}: no {spec['bench'][world]} records of {spec['model'][world]} with "
                                f"{spec.get('y', 'fid')}" + (" and a matching latency record" if spec["x"] == "latency_ms" else "")
@@ -311,18 +331,20 @@ def _draw_pareto(spec, records, world, root, plt):
     ax.legend(frameon=False, fontsize=6.5, ncol=2, loc="upper right")
     ax.set_xlabel(X_AXES[spec["x"]])
     ax.set_ylabel(f"{info.header} ({'lower' if lower else 'higher'} is better; bars: ±stderr)")
-    return fig, f"{spec['model'][world]} · {spec['bench'][world]} · n={pts[0]['n']} · {world} world"
+    return fig, f"{spec['model'][world]} · {spec['bench'][world]} · n={pts[0]['n']} · {world} world" + _left_out(left_out)
 
 
 @kind("scale_latency")
 def _draw_scale_latency(spec, records, world, root, plt):
     setting = spec.get("latency") or {}
-    lat = _latency_records(records, world, spec["model"][world], setting)
+    lat, left_out = _latency_records(records, world, spec["model"][world], setting)
     if not lat:
         raise EmptyFigureError(f"figure {spec['name']}: no latency records of {spec['model'][world]} with {setting} "
                                f"under {_where(root, world)} (run `varbench latency …` first)")
     fig, ax = plt.subplots(figsize=(6.0, 3.6))
-    chains = sorted(lat, key=lambda c: -lat[c]["metrics"]["latency_ms"]["value"])
+    # the dense reference first, then by the drawn height (the breakdown's own generations, not the
+    # timed median, so that the bars stand in order)
+    chains = sorted(lat, key=lambda c: (c != "dense", -sum(lat[c]["cost"]["per_scale_ms"]) - lat[c]["cost"]["decode_ms"]))
     K = max(len(lat[c]["cost"]["per_scale_ms"]) for c in chains)
     colors = [plt.cm.viridis(i / max(K - 1, 1)) for i in range(K)]
     for j, c in enumerate(chains):
@@ -337,7 +359,7 @@ def _draw_scale_latency(spec, records, world, root, plt):
     ax.legend(frameon=False, fontsize=6.5, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     p = lat[chains[0]]["spec"]["protocol"]
     return fig, (f"{spec['model'][world]} · {p['device']} · batch {p['batch']}"
-                 + (f" · threads {p['threads']}" if p.get("threads") else "") + f" · {world} world")
+                 + (f" · threads {p['threads']}" if p.get("threads") else "") + f" · {world} world" + _left_out(left_out))
 
 
 # ------------------------------------------------------------------ sweep

@@ -3,7 +3,15 @@ by dominance, clear errors when records or figures are missing."""
 import pytest
 
 from bench.cli import main
-from bench.figures import EmptyFigureError, FigureSpecError, load_figure, pareto_front, pareto_points, render
+from bench.figures import (
+    EmptyFigureError,
+    FigureSpecError,
+    figure,
+    load_figure,
+    pareto_front,
+    pareto_points,
+    render,
+)
 from bench.records import RunSpec, load_records, make_record, write_record
 
 
@@ -25,7 +33,8 @@ def records(tmp_path):
         _write(root, methods, "shapes-c2i", {"fid": {"value": fid, "stderr": 0.2}}, {"flops": flops})
         if lat is not None:
             _write(root, methods, "latency",
-                   {"latency_ms": {"value": lat, "iqr": 4.0}, "images_per_s": 1e3 / lat, "peak_mem_mb": 500.0},
+                   {"latency_ms": {"value": lat, "iqr": 4.0, "group": "run-a"}, "images_per_s": 1e3 / lat,
+                    "peak_mem_mb": 500.0},
                    {"flops": flops, "per_scale_ms": [lat / 10] * 7, "decode_ms": lat * 0.3}, protocol=setting, n=5)
     return root
 
@@ -46,6 +55,27 @@ def test_points_come_from_the_records(records):
     lat = pareto_points(load_figure("pareto-latency"), recs, "tiny")
     assert {p["label"]: p["x"] for p in lat} == {"dense": 120.0, "magnitude 0.4": 90.0, "evar 0.4": 92.0}
     assert all(p["xerr"] == 2.0 for p in lat)   # half the IQR either side
+
+
+def test_latency_figures_take_one_measurement_run(records):
+    """A newer record from another measurement run (one that a later run could not re-time with its
+    partners, e.g. stale then): the figures keep the run that timed the most chains and say what they
+    left out, as a table compares times only within one run."""
+    import time
+    time.sleep(0.01)
+    setting = {"version": 1, "device": "cpu", "batch": 1, "threads": 1, "compile": False, "warmup": 1}
+    _write(records, ["tome"], "shapes-c2i", {"fid": {"value": 1.5, "stderr": 0.2}}, {"flops": 1.1e9})
+    _write(records, ["tome"], "latency", {"latency_ms": {"value": 70.0, "iqr": 1.0, "group": "run-b"}},
+           {"flops": 1.1e9, "per_scale_ms": [7.0] * 7, "decode_ms": 1.0}, protocol=setting, n=5)
+    recs = load_records(records, "tiny")
+    lat = pareto_points(load_figure("pareto-latency"), recs, "tiny")
+    assert {p["label"]: p["x"] for p in lat} == {"dense": 120.0, "magnitude 0.4": 90.0, "evar 0.4": 92.0}
+    for name in ("pareto-latency", "scale-latency"):
+        fig = figure(name, world="tiny", root=records)
+        note = " ".join(" ".join(t.get_text() for t in fig.texts).split())   # the note is wrapped
+        assert "1 chain timed only in another measurement run left out" in note
+    ax = figure("scale-latency", world="tiny", root=records).axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["dense", "evar 0.4", "magnitude 0.4"]
 
 
 @pytest.mark.parametrize("name", ["pareto", "pareto-latency", "scale-latency"])
