@@ -80,16 +80,18 @@ def summarize(times_s: Sequence[float], seed: int = 0) -> Dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------ memory
-def weights_mb(gen) -> Optional[float]:
-    """MiB held by a torch generator's parameters and buffers (transformer, tokenizer, text encoder),
-    each storage once (tied or shared weights are held once); None for other generators (Core ML)."""
+def weights_mb(gen, device: str = "cpu") -> Optional[float]:
+    """MiB held on ``device`` (cpu, cuda) by a torch generator's parameters and buffers (transformer,
+    tokenizer, text encoder), each storage once (tied or shared weights are held once); None for other
+    generators (Core ML)."""
     import torch
     if not isinstance(gen, torch.nn.Module):
         return None
     held = {}
     for t in list(gen.parameters()) + list(gen.buffers()):
         s = t.untyped_storage()
-        held[(str(s.device), s.data_ptr())] = s.nbytes()
+        if s.device.type == device.split(":")[0]:
+            held[s.data_ptr()] = s.nbytes()
     return sum(held.values()) / 2 ** 20
 
 
@@ -148,12 +150,13 @@ def peak_memory(cfg: "Config", timer: "Timer", seed: int) -> Optional[Dict[str, 
     untimed generation. A single-process comparison holds every configuration's generator at once, so a
     process-wide figure (CUDA ``max_memory_allocated``, the CPU's resident high-water mark, which glibc's
     kept heap pins at the largest generation's) would be the same for every configuration."""
-    weights = weights_mb(cfg.gen)
+    device = "cuda" if timer.cuda else "cpu"
+    weights = weights_mb(cfg.gen, device)
     if weights is None:
         return None
     import torch
     with torch.no_grad():
-        work = working_mb(lambda: _generate(cfg, seed), "cuda" if timer.cuda else "cpu")
+        work = working_mb(lambda: _generate(cfg, seed), device)
     return {"value": weights + work, "weights_mb": weights, "working_mb": work,
             "kind": "weights + peak working memory of one generation (PyTorch allocator events)"}
 

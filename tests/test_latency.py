@@ -87,6 +87,7 @@ def test_working_memory_is_the_peak_of_what_a_call_allocates_and_weights_count_s
     tied[1].weight = lin.weight                # shared: held once
     assert weights_mb(lin) == pytest.approx((256 * 256 + 256) * 4 / 2 ** 20)
     assert weights_mb(tied) == pytest.approx((256 * 256 + 2 * 256) * 4 / 2 ** 20)
+    assert weights_mb(tied, "cuda") == 0       # nothing held there
     assert weights_mb(object()) is None        # not a torch generator (Core ML): not measured
 
 
