@@ -32,7 +32,9 @@ A record is one JSON object::
         "fid": {"value": 12.3, "stderr": 0.4 | null, "n": 1000, ...extra keys allowed}   # finite numbers
                                         # latency records' "latency_ms" adds "group" (the measurement run,
                                         # 16 hex) and "timed_with" (the run_ids alternated in it): tables
-                                        # take speed-ups only between records of one group
+                                        # take speed-ups only between records of one group; their
+                                        # "peak_mem_mb" (protocol version ≥ 2) adds "weights_mb" and
+                                        # "working_mb" (value = their sum: one configuration as if alone)
       },
       "cost": {"params": 1234567, "flops": 5.6e9, "latency_ms_per_image": 12.0, ...},
       "env": {
