@@ -18,6 +18,8 @@ sub-layer output cached at an earlier scale, resized. Behaviour of the official 
   are scattered into it: pruned positions receive the cached, resized update.
 * A drop fraction of 1 skips the scale altogether (Infinity's last two scales): sampling ends and
   the image is decoded from the latent accumulated so far (skips must be trailing).
+* Memory (not the outputs): the official code keeps the CTR cache until the next generation;
+  varbench drops it when sampling ends, like the KV cache, so that it is not held through the decode.
 
 Schedules (``schedule=``; drop fractions of the *last* scales, the cache scale just before them):
   * ``infinity`` (official Infinity-2B code): {0.4, 0.5, 1, 1} on the last four scales (32², 40²,
@@ -107,6 +109,9 @@ class FastVARPolicy(TokenPolicy):
 
     def begin(self, batch: int, patch_nums) -> None:
         self.cache = {}
+
+    def end(self) -> None:
+        self.cache = {}   # the cache scale's outputs: not held through the decode (official keeps them)
 
     def begin_scale(self, si: int, pn) -> None:
         self.hw = tuple(pn) if isinstance(pn, (tuple, list)) else (pn, pn)

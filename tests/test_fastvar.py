@@ -173,3 +173,19 @@ def test_unsupported_generators_say_why():
     from methods.fastvar import FastVAR
     with pytest.raises(ValueError, match="not a VAR-family generator"):
         FastVAR().schedule_for(SimpleNamespace())
+
+
+def test_the_ctr_cache_is_released_when_sampling_ends_also_on_error(small_gen):
+    """The cache scale's outputs are dropped with the KV cache, not held through the decode."""
+    gen, _ = _fastvar(small_gen)
+    held = []
+    K = len(small_gen.patch_nums)
+    gen.sample_tokens(torch.tensor([0]), seed=1, logits_hook=lambda si, lg: held.append(len(gen.token_policy.cache)))
+    assert held[K - 2] > 0 and gen.token_policy.cache == {}   # filled while sampling, empty after
+
+    def fail(si, lg):
+        if si == K - 1:
+            raise RuntimeError("stop")
+    with pytest.raises(RuntimeError, match="stop"):
+        gen.sample_tokens(torch.tensor([0]), seed=1, logits_hook=fail)
+    assert gen.token_policy.cache == {}

@@ -100,3 +100,14 @@ def test_lazyvar_group_is_a_teacher_forced_pass_from_one_latent(golden, models):
     teacher = model(*_inputs(tensors), torch.cat(inputs, dim=1))    # [B, 1 + Σ pn², V]
     start = 1 + sum(pn * pn for pn in pns[1:6])
     torch.testing.assert_close(torch.cat([logits[6][:B], logits[7][:B]], dim=1), teacher[:, start:], atol=2e-4, rtol=1e-4)
+
+
+def test_fastvar_releases_its_cache_when_sampling_ends(golden, models):  # noqa: F811
+    tensors, _ = golden
+    model, _ = _apply(models["a"], "fastvar")
+    sizes = []
+    try:
+        model.sample_tokens(*_inputs(tensors), **KW, logits_hook=lambda si, lg: sizes.append(len(model.token_policy.cache)))
+        assert max(sizes) > 0 and model.token_policy.cache == {}
+    finally:
+        model.token_policy = TokenPolicy()

@@ -163,3 +163,10 @@ def test_one_infinity_block_by_hand(t2i):
     f1 = blk.ffn(take(ln(x1c) * (1 + scale2) + shift2, keep_f))
     torch.testing.assert_close(y1, x1c + gamma2 * scatter(resize(f0), keep_f, f1), rtol=1e-5, atol=1e-5)
     assert not torch.equal(keep.sort(1).values, keep_f.sort(1).values), "re-scoring not exercised"
+
+
+def test_fastvar_releases_its_cache_when_sampling_ends(t2i):
+    gen, _ = _apply(t2i, "fastvar:schedule=var")
+    sizes = []
+    _sample(gen, hook=lambda si, lg: sizes.append(len(gen.token_policy.cache)))
+    assert max(sizes) > 0 and gen.token_policy.cache == {}

@@ -159,6 +159,7 @@ class Generator(nn.Module):
                     policy.observe(si, f_hat)
         finally:
             var.kv_caching(False)
+            policy.end()
         return tokens, f_hat
 
     @torch.no_grad()

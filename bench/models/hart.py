@@ -447,6 +447,7 @@ class HART(nn.Module):
                     policy.observe(si, f_hat)
         finally:
             self.kv_caching(False)
+            policy.end()
         return tokens, f_hat
 
     @torch.no_grad()

@@ -9,7 +9,8 @@ The default splits that call into the three steps of the token-policy contract
 tokens only, ``restore`` a full-length output — so a method overrides only the step it changes and
 no model file is edited. Attention run on kept tokens appends only their keys and values to the KV
 cache: later scales attend to what was computed. ``skip(si)`` ends sampling before scale ``si``
-(trailing scales only; the image is decoded from the latent accumulated so far).
+(trailing scales only; the image is decoded from the latent accumulated so far). ``begin`` and
+``end`` bracket each sampling call; ``end`` releases what the policy held for later scales.
 
 ``fn(h_BlC, keep_Bl=...)`` runs the sub-layer on a subset of the scale's tokens; ``keep_Bl`` [B, l]
 are their positions in the scale's map (models with RoPE rotate them at those positions).
@@ -42,6 +43,10 @@ class TokenPolicy:
 
     def begin(self, batch: int, patch_nums) -> None:
         """Called once per sampling call, before scale 0."""
+
+    def end(self) -> None:
+        """Called once after sampling, also when it fails (as the KV cache is dropped): release the
+        generation's activations held for later scales, so that they are not held through the decode."""
 
     def begin_scale(self, si: int, pn: int) -> None:
         """Called before the blocks run on scale ``si`` (a ``pn × pn`` token map)."""

@@ -193,6 +193,7 @@ class T2IGenerator(PromptGenerator):
                     policy.observe(si, summed)
         finally:
             inf.kv_caching(False)
+            policy.end()
         return bits, summed.squeeze(2)
 
     def sample_tokens(self, prompts, seed: Optional[int] = 0, logits_hook=None, **sampling):
