@@ -61,6 +61,31 @@ def test_kv_buffer_equals_concatenation_and_is_reset_per_generation(small_gen):
     assert attn.kv_k is None and not attn.caching
 
 
+@torch.no_grad()
+def test_kv_buffer_is_as_long_as_the_last_generation_cached_and_grows_when_needed(small_gen):
+    """A token policy caches fewer tokens: the next generation's buffer is that long (its memory
+    saving kept), and a generation that caches more (the policy removed) grows it, same values."""
+    from bench.models.policy import TokenPolicy
+    from tests.test_token_methods import _apply
+    labels = torch.tensor([0, 3])
+    dense = small_gen.generate(labels, seed=5, cfg=1.5)
+    L = small_gen.var.L
+    assert all(b.attn.kv_used == L for b in small_gen.var.blocks)   # (the method is applied in place)
+    gen, _ = _apply(small_gen, "fastvar")
+    pruned = gen.generate(labels, seed=5, cfg=1.5)
+    kept = gen.var.blocks[0].attn.kv_used
+    assert kept < L and all(b.attn.kv_used == kept for b in gen.var.blocks)
+    sizes = []
+    gen.sample_tokens(labels, seed=5, cfg=1.5, logits_hook=lambda si, lg: sizes.append(gen.var.blocks[0].attn.kv_k.shape[2]))
+    assert set(sizes) == {kept}                  # allocated at the pruned length, never grown
+    assert torch.equal(gen.generate(labels, seed=5, cfg=1.5), pruned)
+    gen.token_policy = TokenPolicy()             # the identity again: the short buffer grows once
+    sizes.clear()
+    gen.sample_tokens(labels, seed=5, cfg=1.5, logits_hook=lambda si, lg: sizes.append(gen.var.blocks[0].attn.kv_k.shape[2]))
+    assert sizes[0] == kept and sizes[-1] == L
+    assert torch.equal(gen.generate(labels, seed=5, cfg=1.5), dense)
+
+
 def test_decoder_inference_path_equals_its_training_path(small_gen):
     vae = small_gen.vae
     f = torch.randn(2, vae.Cvae, 8, 8, generator=torch.Generator().manual_seed(1))
