@@ -14,6 +14,8 @@ from bench.figures import (
 )
 from bench.records import RunSpec, load_records, make_record, write_record
 
+SETTING = {"version": 1, "device": "cpu", "batch": 1, "threads": 1, "compile": False, "warmup": 1}   # latency records
+
 
 def _write(root, methods, bench, metrics, cost, protocol=None, n=12):
     spec = RunSpec(world="tiny", model="tiny-var", methods=tuple(methods), bench=bench, n=n, seed=0,
@@ -26,7 +28,6 @@ def _write(root, methods, bench, metrics, cost, protocol=None, n=12):
 @pytest.fixture
 def records(tmp_path):
     root = tmp_path / "results"
-    setting = {"version": 1, "device": "cpu", "batch": 1, "threads": 1, "compile": False, "warmup": 1}
     for methods, fid, flops, lat in (([], 1.4, 1.3e9, 120.0), (["magnitude:sparsity=0.4"], 7.8, 0.84e9, 90.0),
                                      (["evar:sparsity=0.4"], 2.2, 0.84e9, 92.0),
                                      (["evar:sparsity=0.4", "ft:epochs=2"], 1.6, 0.84e9, None)):
@@ -35,7 +36,7 @@ def records(tmp_path):
             _write(root, methods, "latency",
                    {"latency_ms": {"value": lat, "iqr": 4.0, "group": "run-a"}, "images_per_s": 1e3 / lat,
                     "peak_mem_mb": 500.0},
-                   {"flops": flops, "per_scale_ms": [lat / 10] * 7, "decode_ms": lat * 0.3}, protocol=setting, n=5)
+                   {"flops": flops, "per_scale_ms": [lat / 10] * 7, "decode_ms": lat * 0.3}, protocol=SETTING, n=5)
     return root
 
 
@@ -61,12 +62,9 @@ def test_latency_figures_take_one_measurement_run(records):
     """A newer record from another measurement run (one that a later run could not re-time with its
     partners, e.g. stale then): the figures keep the run that timed the most chains and say what they
     left out, as a table compares times only within one run."""
-    import time
-    time.sleep(0.01)
-    setting = {"version": 1, "device": "cpu", "batch": 1, "threads": 1, "compile": False, "warmup": 1}
     _write(records, ["tome"], "shapes-c2i", {"fid": {"value": 1.5, "stderr": 0.2}}, {"flops": 1.1e9})
     _write(records, ["tome"], "latency", {"latency_ms": {"value": 70.0, "iqr": 1.0, "group": "run-b"}},
-           {"flops": 1.1e9, "per_scale_ms": [7.0] * 7, "decode_ms": 1.0}, protocol=setting, n=5)
+           {"flops": 1.1e9, "per_scale_ms": [7.0] * 7, "decode_ms": 1.0}, protocol=SETTING, n=5)
     recs = load_records(records, "tiny")
     lat = pareto_points(load_figure("pareto-latency"), recs, "tiny")
     assert {p["label"]: p["x"] for p in lat} == {"dense": 120.0, "magnitude 0.4": 90.0, "evar 0.4": 92.0}
