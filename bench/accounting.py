@@ -60,6 +60,17 @@ def decode_flops(gen: Generator) -> int:
     return int(fc.get_total_flops())
 
 
+def kv_cache_values(attns, rows: int) -> Optional[int]:
+    """Keys and values (every head, ``rows`` batch rows: 2 with CFG) that the in-place KV caches of these
+    attention modules held at the end of their last generation (``SelfAttention.kv_used``): with a
+    token method, only the tokens it computed. Bytes = values × the element size (bf16: 2). None before
+    any generation."""
+    used = [a.kv_used for a in attns]
+    if any(u is None for u in used):
+        return None
+    return sum(2 * rows * u * a.H * a.c for u, a in zip(used, attns))
+
+
 def info(gen: Generator, name: str = "", image_size: Optional[int] = None) -> dict:
     """The ``varbench info --json`` object (its keys are a contract: docs/architecture.md)."""
     cfg = gen.var.cfg
@@ -68,6 +79,7 @@ def info(gen: Generator, name: str = "", image_size: Optional[int] = None) -> di
         "params": count_params(gen.var),
         "tokenizer_params": count_params(gen.vae),
         "flops": sampling_flops(gen),
+        "kv_cache_values": kv_cache_values([b.attn for b in gen.var.blocks], rows=2),   # of the CFG count above
         "flops_no_cfg": sampling_flops(gen, cfg=None),
         "tokenizer_decode_flops": decode_flops(gen),
         "tokens_per_scale": [pn * pn for pn in gen.patch_nums],
@@ -190,6 +202,7 @@ def t2i_info(gen, card, text_tokens: int = TEXT_TOKENS) -> dict:
         "tokenizer_params": count_params(gen.vae),
         "text_encoder_params": text_params,
         "flops": t2i_sampling_flops(gen, text_tokens, cfg=cfg_scale),
+        "kv_cache_values": kv_cache_values([b.sa for b in gen.infinity.block_list], rows=2),   # of the count above
         "flops_no_cfg": t2i_sampling_flops(gen, text_tokens, cfg=None),
         "flops_by_op": t2i_sampling_flops(gen, text_tokens, cfg=cfg_scale, by_op=True),
         "tokenizer_decode_flops": t2i_decode_flops(gen),

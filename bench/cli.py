@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("kind", choices=sorted(REGISTRIES), help="what to list")
     sp.set_defaults(func=cmd_list)
 
-    sp = sub.add_parser("info", help="exact parameter count, FLOPs per image and tokens per scale (no weights needed)",
+    sp = sub.add_parser("info", help="exact parameter count, FLOPs per image, KV cache and tokens per scale (no weights needed)",
                         description="Weight-free accounting on the meta device: exact transformer and tokenizer "
                                     "parameter counts, FLOPs to sample one image with and without the CFG doubling "
                                     "(torch.utils.flop_counter), and the token count of every scale.")

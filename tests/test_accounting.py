@@ -29,6 +29,16 @@ def test_info_json_contract(capsys):
     assert out["tokens_per_scale"] == [1, 4, 9, 16, 25, 36, 64, 100, 169, 256]
     assert out["flops"] > 1.99 * out["flops_no_cfg"]
     assert 299e9 < out["flops_no_cfg"] < 302e9   # reference §5: ≈300 GFLOPs without CFG
+    # keys and values of all 680 tokens, 2 CFG rows, 16 blocks of width 1024
+    assert out["kv_cache_values"] == 2 * 2 * 680 * 1024 * 16
+
+
+def test_kv_cache_holds_only_the_tokens_a_token_method_computes(capsys):
+    """FastVAR's var schedule keeps 50 % of 13² and 25 % of 16² in every block: the rest are not cached."""
+    kept = 680 - 84 - 192   # int(L·r) dropped at each pruned scale: int(169·0.5), int(256·0.75)
+    assert 2 * 2 * kept * 1024 * 16 == 26_476_544
+    assert main(["info", "var-d16", "--method", "fastvar"]) == 0
+    assert "KV cache (CFG)          26,476,544 values: 0.053 GB in bf16, 0.106 GB in fp32" in capsys.readouterr().out
 
 
 def _analytic_flops(cfg, vae_cfg, rows):

@@ -56,8 +56,14 @@ def cmd_info(args) -> int:
         ("tokenizer parameters", f"{out['tokenizer_params']:,}"),
         ("FLOPs / image (CFG)", f"{human(out['flops'])}  ({out['flops']:,})"),
         ("FLOPs / image (no CFG)", f"{human(out['flops_no_cfg'])}  ({out['flops_no_cfg']:,})"),
-        ("VQVAE decode FLOPs", human(out['tokenizer_decode_flops']))])
+        ("VQVAE decode FLOPs", human(out['tokenizer_decode_flops'])), _kv_row(out)])
     return 0
+
+
+def _kv_row(out: dict):
+    kv = out["kv_cache_values"]
+    return ("KV cache (CFG)", f"{kv:,} values: {kv * 2 / 1e9:.3g} GB in bf16, {kv * 4 / 1e9:.3g} GB in fp32 "
+                              f"(the tokens the sampler caches)")
 
 
 def _print_info(out: dict, head: str, rows) -> None:
@@ -104,7 +110,7 @@ def _info_t2i(args, card, chain=()) -> int:
         ("FLOPs / image (CFG)", f"{human(out['flops'])}  ({out['flops']:,}; attention {human(attn)}), "
                                 f"prompt of {out['text_tokens']} tokens"),
         ("FLOPs / image (no CFG)", f"{human(out['flops_no_cfg'])}  ({out['flops_no_cfg']:,})"),
-        ("VAE decode FLOPs", human(out['tokenizer_decode_flops']))])
+        ("VAE decode FLOPs", human(out['tokenizer_decode_flops'])), _kv_row(out)])
     return 0
 
 
