@@ -90,6 +90,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import yaml
 
+from bench.records import timing_group
 from bench.spec import SpecError, format_method, parse_method, resolve_method
 
 OKABE_ITO = ("#000000", "#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
@@ -228,7 +229,7 @@ def _latency_records(records, world, model, setting) -> Tuple[Dict[str, dict], i
             continue
         p = s.get("protocol") or {}
         if all(p.get(k) == v for k, v in (setting or {}).items()):
-            run = runs.setdefault((rec["metrics"].get("latency_ms") or {}).get("group") or rec["run_id"], {})
+            run = runs.setdefault(timing_group(rec) or rec["run_id"], {})
             prev = run.get(_chain(rec))
             if prev is None or rec["created"] > prev["created"]:
                 run[_chain(rec)] = rec

@@ -55,7 +55,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -336,7 +336,7 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_r
     import torch
 
     from bench.accounting import model_cost
-    from bench.records import RecordError, find_record, make_record, write_record
+    from bench.records import RecordError, find_record, make_record, timing_group, write_record
     from bench.registry import MODELS
     from bench.runner import preflight, prepared_generator
 
@@ -441,12 +441,6 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_r
     return [records[k] for k in requested]
 
 
-def timing_group(record: Mapping) -> Optional[str]:
-    """The measurement run a latency record was timed in (None: a record from before groups were kept)."""
-    lat = record.get("metrics", {}).get("latency_ms")
-    return lat.get("group") if isinstance(lat, Mapping) else None
-
-
 def timing_partners(specs, records, root) -> list:
     """The current configurations timed in one run with any of ``specs`` (whose records, or None, are
     ``records``) and not among them.
@@ -456,7 +450,7 @@ def timing_partners(specs, records, root) -> list:
     reuses both would divide times from two runs). So they are re-timed too: every run's records stay
     a closed group. Stale records (method version or request changed since) are left out."""
     from bench.plan import staleness
-    from bench.records import RecordError, RunSpec, read_record
+    from bench.records import RecordError, RunSpec, read_record, timing_group
     groups = {g for g in (timing_group(r) for r in records if r is not None) if g}
     if not groups:
         return []
@@ -492,8 +486,8 @@ def report(specs, records, labels: Sequence[str]) -> str:
         flops = base["cost"]["flops"] / rec["cost"]["flops"]
         ci = f"[{m['ci95'][0]:.1f}, {m['ci95'][1]:.1f}]"
         mem = rec["metrics"].get("peak_mem_mb")
-        mem = (f"{mem['value']:9.0f} {mem['weights_mb']:9.0f} {mem['working_mb']:10.1f}" if mem and "weights_mb" in mem
-               else f"{mem['value']:9.0f} {'':20s}" if mem else f"{'–':>9s} {'':20s}")
+        mem = (f"{mem['value']:9.0f} {mem['weights_mb']:9.0f} {mem['working_mb']:10.1f}" if mem  # none: Core ML
+               else f"{'–':>9s} {'':20s}")
         lines.append(f"{lab[:34]:34s} {m['value']:10.1f} {m['iqr']:8.1f} {m['p90']:9.1f} {ci:>20s} "
                      f"{rec['metrics']['images_per_s']['value']:7.3f} {mem} {speed:8.2f}× {flops:10.2f}×")
     for lab, rec in zip(labels, records):

@@ -264,6 +264,13 @@ def _metric(name: str, m: Any, n: int) -> Dict[str, Any]:
     return out
 
 
+def timing_group(record: Mapping) -> Optional[str]:
+    """The measurement run a latency record was timed in (``metrics.latency_ms.group``; None: a record
+    from before groups were kept, or not a latency record)."""
+    lat = record.get("metrics", {}).get("latency_ms")
+    return lat.get("group") if isinstance(lat, Mapping) else None
+
+
 def make_record(spec: RunSpec, metrics: Mapping[str, Any], cost: Mapping[str, Any],
                 timings: Mapping[str, Any], notes: Sequence[str] = (), device: Optional[str] = None) -> Dict[str, Any]:
     """A current-schema record for ``spec``. ``metrics`` values are numbers or ``{value, stderr, n, ...}``

@@ -322,7 +322,7 @@ def test_report_prints_each_configuration_against_the_criterion():
 
     def rec(per_scale, flops, passes, total):
         lat = {"value": total, "iqr": 0.0, "p90": total, "ci95": [total, total]}
-        return {"metrics": {"latency_ms": lat, "images_per_s": {"value": 1e3 / total}, "peak_mem_mb": {"value": 1.0}},
+        return {"metrics": {"latency_ms": lat, "images_per_s": {"value": 1e3 / total}, "peak_mem_mb": {"value": 1.0, "weights_mb": 0.8, "working_mb": 0.2}},
                 "cost": {"params": 10, "flops": sum(flops), "per_scale_ms": per_scale, "decode_ms": 1.0,
                          "scale_flops": flops, "scale_passes": passes}, "timings": {}}
     dense = rec([0.5] + [5 + 2 * x / 1e9 for x in F_s[1:]], F_s, [True] * 5, 60.0)

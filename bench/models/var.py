@@ -41,7 +41,7 @@ class SelfAttention(nn.Module):
         self.proj = nn.Linear(H * c, C)
         self.kv_k = self.kv_v = None
         self.kv_len, self.caching = 0, False
-        self.kv_max = self.kv_full = 0
+        self.kv_full = 0                      # the most tokens a generation may cache (0: concatenate)
         self.kv_used: Optional[int] = None   # tokens the last in-place generation cached
 
     def kv_caching(self, enable: bool, max_len: int = 0) -> None:
@@ -49,20 +49,20 @@ class SelfAttention(nn.Module):
         is one buffer filled in place (no re-concatenation at every scale), as long as the last
         generation cached (a token policy caches only the tokens it computed, so its memory saving is
         kept), at most ``max_len``; a generation that caches more grows it once, to ``max_len``."""
-        if not enable and self.caching and self.kv_max:
+        if not enable and self.caching and self.kv_full:
             self.kv_used = self.kv_len   # what this generation cached: the next one's buffer length
         self.caching, self.kv_k, self.kv_v, self.kv_len = enable, None, None, 0
         self.kv_full = max_len if enable else 0
-        self.kv_max = min(max_len, self.kv_used or max_len) if enable else 0
 
     def _cache(self, k_BHlc, v_BHlc):
         """Append this scale's keys/values; returns everything cached so far."""
         B, H, l, c = k_BHlc.shape
-        if self.kv_max:
+        if self.kv_full:
             end = self.kv_len + l
             if self.kv_k is None or self.kv_k.shape[0] != B:
-                self.kv_k = k_BHlc.new_empty(B, H, max(self.kv_max, end), c)
-                self.kv_v = v_BHlc.new_empty(B, H, max(self.kv_max, end), c)
+                n = max(min(self.kv_full, self.kv_used or self.kv_full), end)   # the last generation's length
+                self.kv_k = k_BHlc.new_empty(B, H, n, c)
+                self.kv_v = v_BHlc.new_empty(B, H, n, c)
             elif end > self.kv_k.shape[2]:   # more than the last generation cached: grow once
                 grown = max(self.kv_full, end)
                 self.kv_k = torch.cat((self.kv_k[:, :, :self.kv_len], self.kv_k.new_empty(B, H, grown - self.kv_len, c)), 2)
