@@ -22,7 +22,7 @@ from bench.commands.models import cmd_info, cmd_list, cmd_sample
 from bench.commands.runs import cmd_run, cmd_runs, cmd_sweep
 from bench.commands.tables import cmd_figures, cmd_leaderboard, cmd_table
 from bench.commands.timing import cmd_coreml, cmd_latency
-from bench.defaults import DEFAULT_WORLD, SAMPLING, SAMPLING_PARAMS, TINY_SAMPLING, WORLDS
+from bench.defaults import DEFAULT_WORLD, MODEL_SAMPLING, SAMPLING_PARAMS, WORLDS
 from bench.registry import REGISTRIES, UnknownNameError
 
 
@@ -59,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     def sampling_flags(sp):
         for key, flag in (("cfg", "--cfg"), ("top_k", "--top-k"), ("top_p", "--top-p")):
             typ, lo, hi, what = SAMPLING_PARAMS[key]
-            sp.add_argument(flag, type=typ, default=None,
-                            help=f"{what}; [{lo}, {hi}] (default: the model's, paper {SAMPLING[key]}, tiny {TINY_SAMPLING[key]})")
+            per_model = ", ".join(f"{m} {d[key]}" for m, d in MODEL_SAMPLING if key in d)
+            sp.add_argument(flag, type=typ, default=None, help=f"{what}; [{lo}, {hi}] (default: the model's: {per_model})")
 
     def common(sp):
         sp.add_argument("--world", choices=WORLDS, default=None, help="tiny (default; for `run` the "
@@ -151,12 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("latency", help="time full generations (all scales, CFG, decode) of a model with method "
                         "chains, alternated; one record each",
-                        description="Times one full class-conditional generation of --batch images (every scale, "
-                                    "CFG on, VQVAE decode included) after --warmup untimed ones, --reps times per "
+                        description="Times one full generation of --batch images (every scale, CFG on, the tokenizer's "
+                                    "decode included; class-conditional models: classes 0, 1, …; text-to-image "
+                                    "models: the first prompts of the world's GenEval bench, text encoder "
+                                    "included) after --warmup untimed ones, --reps times per "
                                     "configuration. Several --method options are compared in one run, alternated "
                                     "(order rotated per repetition); ratios are ratios of medians. Prints median, "
                                     "IQR, p90, a 95% bootstrap CI of the median, images/s, peak memory, a "
-                                    "per-scale breakdown and a pass-cost model (time = a per pass through the "
+                                    "per-scale breakdown (from the timed generations) and a pass-cost model (time = a per pass through the "
                                     "blocks + b per FLOP, fitted on the first configuration: what each other "
                                     "configuration would take without overhead of its own); writes one record per "
                                     "configuration "

@@ -343,8 +343,8 @@ def _draw_scale_latency(spec, records, world, root, plt):
         raise EmptyFigureError(f"figure {spec['name']}: no latency records of {spec['model'][world]} with {setting} "
                                f"under {_where(root, world)} (run `varbench latency …` first)")
     fig, ax = plt.subplots(figsize=(6.0, 3.6))
-    # the dense reference first, then by the drawn height (the breakdown's own generations, not the
-    # timed median, so that the bars stand in order)
+    # the dense reference first, then by the drawn height (a sum of per-scale medians, which need not
+    # order as the timed medians do, so that the bars stand in order)
     chains = sorted(lat, key=lambda c: (c != "dense", -sum(lat[c]["cost"]["per_scale_ms"]) - lat[c]["cost"]["decode_ms"]))
     K = max(len(lat[c]["cost"]["per_scale_ms"]) for c in chains)
     colors = [plt.cm.viridis(i / max(K - 1, 1)) for i in range(K)]

@@ -1,6 +1,6 @@
 """The latency bench: one full generation timed end to end, as a record.
 
-Protocol (``bench.benches.latency.LatencyBench``, protocol version 1): the generator with its method chain installed
+Protocol (``bench.benches.latency.LatencyBench``, protocol version 3): the generator with its method chain installed
 generates ``batch`` class-conditional images (labels 0, 1, … mod the class count) — text-to-image
 models: images of the first ``batch`` prompts of the world's GenEval bench (``shapes-geneval``,
 ``geneval``), the text encoder included in the time — every scale, CFG on (the model's sampling
@@ -19,10 +19,14 @@ untimed generation: the most that the generation itself allocated and held at on
 allocator events under ``torch.profiler`` (CPU and CUDA alike), with ``weights_mb`` and ``working_mb``
 beside it. Version 1 recorded a process-wide figure, the same for every configuration
 of a run (all generators are loaded together, and on the CPU glibc keeps the largest generation's heap).
-Per-scale breakdown: separate, synchronised generations (after the timed ones) that read the clock
-when each scale's logits are ready; ``scale_ms[i]`` runs from the previous scale's logits (scale 0:
-from the start) and includes the previous scale's sampling and VQVAE step; ``decode_ms`` is the
-VQVAE decode and uint8 conversion. The record's cost holds beside them each scale's FLOPs attributed
+Per-scale breakdown (protocol version 3): the timed generations themselves read the clock when each
+scale's logits are ready and when sampling ends (CPU: ``perf_counter``; CUDA: events in stream order,
+read after the generation, so no synchronisation is added); ``scale_ms[i]`` is the median over the
+timed generations of the time from the previous scale's logits (scale 0: from the start) and includes
+the previous scale's sampling and VQVAE step; ``decode_ms`` is the median VQVAE decode and uint8
+conversion. Version 2 took the breakdown from three separate generations per configuration after the
+timed ones, one configuration after another: not alternated, so a drift in the machine's speed (20 %
+within a minute, measured on 2 CPU cores) entered the ratios between configurations. The record's cost holds beside them each scale's FLOPs attributed
 the same way (``scale_flops``, ``bench.accounting.model_cost``) and whether it starts a pass through the
 block stack (``scale_passes``: LazyVAR decodes a group of scales in one pass).
 
@@ -163,7 +167,8 @@ def peak_memory(cfg: "Config", timer: "Timer", seed: int) -> Optional[Dict[str, 
 
 # ------------------------------------------------------------------------------------------ timing
 class Timer:
-    """Clock for one device: CUDA events after a synchronize, else perf_counter."""
+    """Clock for one device: ``perf_counter`` on the CPU; on CUDA, events recorded in stream order and read
+    after one synchronize at the end, so that reading the clock at every scale adds no synchronisation."""
 
     def __init__(self, device: str):
         import torch
@@ -174,18 +179,19 @@ class Timer:
         if self.cuda:
             self.torch.cuda.synchronize()
 
-    def time(self, fn: Callable[[], object]) -> float:
+    def mark(self):
         if self.cuda:
-            start, end = (self.torch.cuda.Event(enable_timing=True) for _ in range(2))
-            self.sync()
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
+            event = self.torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def seconds(self, marks: Sequence) -> List[float]:
+        """Seconds between consecutive marks (waits for the last one on CUDA)."""
+        if self.cuda:
+            marks[-1].synchronize()
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
+        return [b - a for a, b in zip(marks, marks[1:])]
 
 
 @dataclasses.dataclass
@@ -202,6 +208,27 @@ def _generate(cfg: Config, seed: int):
     return cfg.gen.generate(cfg.labels, seed=seed, **cfg.sampling)
 
 
+def timed_generation(cfg: Config, timer: Timer, seed: int) -> Tuple[float, List[float], float]:
+    """One generation as ``generate`` runs it (sampling, then the decode; on the CPU the heap kept, as
+    ``bench.models.heap``), with the clock read at every scale's logits and when sampling ends:
+    (total s, per-scale s, decode s). Scale i runs from the previous scale's logits (scale 0: from the
+    start); the last scale's sampling step, after its logits, is in the total only."""
+    import torch
+
+    from bench.models.heap import reuse_heap
+    timer.sync()
+    marks = [timer.mark()]
+    with torch.no_grad(), reuse_heap(not timer.cuda):
+        _, f_hat = cfg.gen.sample_tokens(cfg.labels, seed=seed, logits_hook=lambda si, _: marks.append(timer.mark()),
+                                         **cfg.sampling)
+        scales = len(marks) - 1
+        marks.append(timer.mark())
+        cfg.gen.decode_uint8(f_hat)
+        marks.append(timer.mark())
+    s = timer.seconds(marks)
+    return sum(s), s[:scales], s[-1]
+
+
 def install_compile(gen) -> None:
     """Wrap every transformer block in ``torch.compile`` (the sampling loop stays eager). Every block
     at every scale is its own specialisation (static shapes), so dynamo's recompile limit (default 8)
@@ -215,37 +242,10 @@ def install_compile(gen) -> None:
         b.compile()
 
 
-def per_scale(cfg: Config, timer: Timer, seed: int, reps: int) -> Dict[str, object]:
-    """Median per-scale times (ms) over ``reps`` synchronised generations."""
-    import torch
-
-    from bench.models.heap import reuse_heap
-    rows: List[List[float]] = []
-    decode: List[float] = []
-    for r in range(reps):
-        stamps: List[float] = []
-
-        def hook(si, logits, stamps=stamps):
-            timer.sync()
-            stamps.append(time.perf_counter())
-
-        timer.sync()
-        t0 = time.perf_counter()
-        with torch.no_grad(), reuse_heap(not timer.cuda):   # as Generator.generate does
-            _, f_hat = cfg.gen.sample_tokens(cfg.labels, seed=seed + r, logits_hook=hook, **cfg.sampling)
-            timer.sync()
-            t1 = time.perf_counter()
-            cfg.gen.decode_uint8(f_hat)
-            timer.sync()
-        decode.append(time.perf_counter() - t1)
-        rows.append(list(np.diff([t0] + stamps)))
-    return {"scale_ms": [round(float(np.median(c)) * 1e3, 3) for c in zip(*rows)],
-            "decode_ms": round(float(np.median(decode)) * 1e3, 3), "n": reps}
-
-
 def measure(configs: Sequence[Config], device: str, reps: int, warmup: int, seed: int = 0, compile: bool = False,
-            breakdown_reps: int = 3, progress: bool = True) -> Dict[str, dict]:
-    """Time every configuration ``reps`` times, alternated; returns per label: stats, memory, breakdown."""
+            progress: bool = True) -> Dict[str, dict]:
+    """Time every configuration ``reps`` times, alternated; returns per label: stats, memory, and the
+    per-scale breakdown (medians over the same timed generations)."""
     import torch
     from tqdm.auto import tqdm
     timer = Timer(device)
@@ -253,20 +253,22 @@ def measure(configs: Sequence[Config], device: str, reps: int, warmup: int, seed
         for cfg in configs:
             if compile:
                 install_compile(cfg.gen)
-            firsts = [timer.time(lambda c=cfg: _generate(c, seed)) for _ in range(warmup)]
+            firsts = [timed_generation(cfg, timer, seed)[0] for _ in range(warmup)]
             if compile and warmup >= 2:
                 cfg.compile_s = max(firsts[0] - firsts[-1], 0.0)
-        times: Dict[str, List[float]] = {c.label: [] for c in configs}
+        runs: Dict[str, list] = {c.label: [] for c in configs}
         for r in tqdm(range(reps), desc="latency", disable=not progress):
             k = r % len(configs)
             for cfg in list(configs[k:]) + list(configs[:k]):   # rotated order
-                times[cfg.label].append(timer.time(lambda c=cfg, s=seed + 1 + r: _generate(c, s)))
+                runs[cfg.label].append(timed_generation(cfg, timer, seed + 1 + r))
         out = {}
         for cfg in configs:
+            total, scales, decode = zip(*runs[cfg.label])
             out[cfg.label] = {
-                "latency_ms": summarize(times[cfg.label], seed),
+                "latency_ms": summarize(total, seed),
                 "peak_mem": peak_memory(cfg, timer, seed + 1),
-                "breakdown": per_scale(cfg, timer, seed + 10_000, breakdown_reps),
+                "breakdown": {"scale_ms": [round(float(np.median(c)) * 1e3, 3) for c in zip(*scales)],
+                              "decode_ms": round(float(np.median(decode)) * 1e3, 3), "n": reps},
                 "compile_s": cfg.compile_s,
             }
     return out
@@ -319,20 +321,19 @@ def latency_specs(model: str, chains: Sequence[str], reps: int, seed: int, setti
     return specs
 
 
-def run_latency(specs, root=None, ckpt_dir=None, force: bool = False, progress: bool = True,
-                breakdown_reps: int = 3) -> List[dict]:
+def run_latency(specs, root=None, ckpt_dir=None, force: bool = False, progress: bool = True) -> List[dict]:
     """Measure the specs together (alternated) and write one record each; existing records are
     reused unless ``force`` if they were timed in one run (``timing_group``), else all specs are
     re-measured together, with the configurations of their earlier runs (``timing_partners``). Under torchrun
     rank 0 alone measures; the other ranks wait and return its records (``bench.shard.rank_zero_only``)."""
     from bench import shard
     if shard.active():
-        return shard.rank_zero_only(lambda: _run_latency(specs, root, ckpt_dir, force, progress, breakdown_reps),
+        return shard.rank_zero_only(lambda: _run_latency(specs, root, ckpt_dir, force, progress),
                                     specs, root, specs[0].protocol["device"])
-    return _run_latency(specs, root, ckpt_dir, force, progress, breakdown_reps)
+    return _run_latency(specs, root, ckpt_dir, force, progress)
 
 
-def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_reps: int) -> List[dict]:
+def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool) -> List[dict]:
     import torch
 
     from bench.accounting import model_cost
@@ -404,7 +405,7 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool, breakdown_r
             configs.append(Config(label=spec.key(), gen=gen, labels=labels, sampling=dict(spec.sampling)))
         t = time.perf_counter()
         res = measure(configs, "cpu" if coreml else device, specs[0].n, warmup, seed=specs[0].seed,
-                      compile=compile_, breakdown_reps=breakdown_reps, progress=progress)
+                      compile=compile_, progress=progress)
         measure_s = time.perf_counter() - t
     finally:
         if tmp is not None:
@@ -495,7 +496,7 @@ def report(specs, records, labels: Sequence[str]) -> str:
         if "ops_cpu" in c:
             lines.append(f"  {lab[:40]:40s} Core ML ops: CPU {c['ops_cpu']}  GPU {c['ops_gpu']}  NPU {c['ops_npu']}"
                          f"  (load {rec['timings'].get('coreml_load_s', 0):.2f} s)")
-    lines.append("per-scale ms (median of separate synchronised generations; decode = VQVAE decode + uint8), "
+    lines.append("per-scale ms (medians over the timed generations; decode = VQVAE decode + uint8), "
                  "and the scales' speed-up (decode left out, as in the FLOPs ratio):")
     base_scales = sum(base["cost"]["per_scale_ms"])
     for lab, rec in zip(labels, records):

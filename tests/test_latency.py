@@ -7,7 +7,7 @@ import torch
 
 from bench.benches.latency import LatencyBench
 from bench.cli import main
-from bench.latency import Config, measure, summarize, weights_mb, working_mb
+from bench.latency import Config, Timer, measure, summarize, weights_mb, working_mb
 from bench.records import read_record
 from bench.tiny.assets import ASSETS
 from tests.test_cli_inputs import err_of
@@ -37,7 +37,7 @@ def test_summary_statistics_match_numpy_and_the_ci_brackets_the_median():
 def test_protocol_carries_the_setting_and_round_trips():
     b = LatencyBench(device="cuda:1", batch=4, threads=2, compile=True, warmup=3)
     p = b.identity()
-    assert p == {"version": 2, "device": "cuda", "batch": 4, "threads": None, "compile": True, "warmup": 3}
+    assert p == {"version": 3, "device": "cuda", "batch": 4, "threads": None, "compile": True, "warmup": 3}
     assert LatencyBench(**LatencyBench.args_from_protocol(LatencyBench(batch=2, threads=3).identity())).identity() \
         == LatencyBench(batch=2, threads=3).identity()
     for kw, msg in ((dict(batch=0), "--batch 0"), (dict(warmup=0), "--warmup 0"), (dict(threads=0), "--threads 0")):
@@ -54,12 +54,13 @@ class _Logged:
         self.name, self.log = name, log
 
     def generate(self, labels, seed=0, **kw):
-        self.log.append(self.name)
-        return torch.zeros(1)
+        return self.decode_uint8(self.sample_tokens(labels, seed, **kw)[1])
 
     def sample_tokens(self, labels, seed=0, logits_hook=None, **kw):
+        self.log.append(self.name)
         for si in range(3):
-            logits_hook(si, None)
+            if logits_hook is not None:
+                logits_hook(si, None)
         return [], torch.zeros(1, 1, 1, 1)
 
     def decode_uint8(self, f):
@@ -94,11 +95,50 @@ def test_working_memory_is_the_peak_of_what_a_call_allocates_and_weights_count_s
 def test_configurations_are_alternated_in_rotated_order():
     log = []
     cfgs = [Config(c, _Logged(c, log), torch.zeros(1), {}) for c in "ABC"]
-    out = measure(cfgs, "cpu", reps=4, warmup=1, breakdown_reps=2, progress=False)
-    timed = log[3:3 + 12]                      # after one warm-up each, before the breakdown
+    out = measure(cfgs, "cpu", reps=4, warmup=1, progress=False)
+    timed = log[3:3 + 12]                      # after one warm-up each, before the memory runs
     assert timed == list("ABC" "BCA" "CAB" "ABC")
+    assert len(log) == 15                      # no other generation (a stand-in without weights: no memory run)
     assert set(out) == set("ABC")
     assert out["A"]["latency_ms"]["n"] == 4 and len(out["A"]["breakdown"]["scale_ms"]) == 3
+
+
+class _Clocked(_Logged):
+    """A stand-in whose scale i takes (i + 1)·10 ms × seed × factor on a fake clock, its last sampling step
+    1 ms and its decode 4 ms."""
+    now = [0.0]
+
+    def __init__(self, name, log, factor):
+        super().__init__(name, log)
+        self.factor = factor
+
+    def sample_tokens(self, labels, seed=0, logits_hook=None, **kw):
+        self.log.append(self.name)
+        for si in range(3):
+            self.now[0] += (si + 1) * 0.010 * seed * self.factor
+            if logits_hook is not None:
+                logits_hook(si, None)
+        self.now[0] += 0.001
+        return [], torch.zeros(1, 1, 1, 1)
+
+    def decode_uint8(self, f):
+        self.now[0] += 0.004
+        return f.to(torch.uint8)
+
+
+def test_the_breakdown_is_read_from_the_timed_generations(monkeypatch):
+    """The per-scale times are the medians over the timed, alternated generations (seeds 1…4 here), not
+    separate generations run one configuration after another; scales + the last sampling step + decode
+    make up each timed generation."""
+    monkeypatch.setattr(Timer, "mark", lambda self: _Clocked.now[0])
+    log = []
+    out = measure([Config("A", _Clocked("A", log, 1), torch.zeros(1), {}),
+                   Config("B", _Clocked("B", log, 2), torch.zeros(1), {})], "cpu", reps=4, warmup=1, progress=False)
+    for name, factor in (("A", 1), ("B", 2)):
+        # median seed 2.5: scales 25, 50, 75 ms × factor; each generation 60 ms × seed × factor + 1 + 4 ms
+        assert out[name]["breakdown"]["scale_ms"] == pytest.approx([25 * factor, 50 * factor, 75 * factor])
+        assert out[name]["breakdown"]["decode_ms"] == pytest.approx(4.0) and out[name]["breakdown"]["n"] == 4
+        assert out[name]["latency_ms"]["times_ms"] == pytest.approx([60 * s * factor + 5 for s in (1, 2, 3, 4)])
 
 
 @pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
@@ -115,7 +155,7 @@ def test_cli_compares_two_chains_writes_records_and_reuses_them(tmp_path, capsys
     recs = [read_record(p) for p in paths]
     for r in recs:
         assert r["spec"]["bench"] == "latency" and r["spec"]["n"] == 3
-        assert r["spec"]["protocol"] == {"version": 2, "device": "cpu", "batch": 1, "threads": 1,
+        assert r["spec"]["protocol"] == {"version": 3, "device": "cpu", "batch": 1, "threads": 1,
                                          "compile": False, "warmup": 1}
         lat = r["metrics"]["latency_ms"]
         assert lat["value"] > 0 and len(lat["times_ms"]) == 3 and lat["iqr"] >= 0

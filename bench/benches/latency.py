@@ -13,7 +13,7 @@ from bench.registry import BENCHES
 @BENCHES.register("latency")
 class LatencyBench(Bench):
     """Wall-clock latency of one full generation (all scales, CFG, decode) on one device."""
-    name, kind, world, version = "latency", "timing", "any", 2   # 2: peak memory per configuration
+    name, kind, world, version = "latency", "timing", "any", 3   # 2: peak memory per configuration; 3: per-scale breakdown from the timed generations
     conditions = "any"      # classes or prompts: whatever the model takes (bench.latency.latency_conditions)
     metrics = ("latency_ms", "images_per_s", "peak_mem_mb")
     default_n = 10          # timed generations
