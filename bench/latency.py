@@ -26,9 +26,10 @@ timed generations of the time from the previous scale's logits (scale 0: from th
 the previous scale's sampling and VQVAE step; ``decode_ms`` is the median VQVAE decode and uint8
 conversion. Version 2 took the breakdown from three separate generations per configuration after the
 timed ones, one configuration after another: not alternated, so a drift in the machine's speed (20 %
-within a minute, measured on 2 CPU cores) entered the ratios between configurations. The record's cost holds beside them each scale's FLOPs attributed
-the same way (``scale_flops``, ``bench.accounting.model_cost``) and whether it starts a pass through the
-block stack (``scale_passes``: LazyVAR decodes a group of scales in one pass).
+within a minute, measured on 2 CPU cores) entered the ratios between configurations. The record's
+cost holds beside them each scale's FLOPs attributed the same way (``scale_flops``,
+``bench.accounting.model_cost``) and whether it starts a pass through the block stack
+(``scale_passes``: LazyVAR decodes a group of scales in one pass).
 
 Pass-cost model (printed, not recorded): the FLOPs ratio assumes time ∝ FLOPs, which fails where a
 scale that runs the blocks costs a fixed time whatever its tokens (reading every block's weights, the
