@@ -7,7 +7,7 @@ import torch
 
 from bench.benches.latency import LatencyBench
 from bench.cli import main
-from bench.latency import Config, Timer, measure, summarize, weights_mb, working_mb
+from bench.latency import Config, Timer, measure, summarize, timed_generation, weights_mb, working_mb
 from bench.records import read_record
 from bench.tiny.assets import ASSETS
 from tests.test_cli_inputs import err_of
@@ -101,6 +101,60 @@ def test_configurations_are_alternated_in_rotated_order():
     assert len(log) == 15                      # no other generation (a stand-in without weights: no memory run)
     assert set(out) == set("ABC")
     assert out["A"]["latency_ms"]["n"] == 4 and len(out["A"]["breakdown"]["scale_ms"]) == 3
+
+
+class _FakeCuda:
+    """torch.cuda's events on a fake GPU clock: an event records the clock when recorded; only
+    ``synchronize`` calls are logged (a Timer must not add any before the end of a generation)."""
+
+    def __init__(self):
+        self.clock, self.syncs = 0.0, []
+        cuda = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                assert enable_timing
+                self.t = None
+
+            def record(self):
+                self.t = cuda.clock
+
+            def synchronize(self):
+                cuda.syncs.append(("event", self.t))
+
+            def elapsed_time(self, other):   # milliseconds, as torch.cuda.Event
+                return (other.t - self.t) * 1e3
+
+        self.Event = Event
+
+    def synchronize(self):
+        self.syncs.append(("device", self.clock))
+
+
+def test_the_cuda_clock_reads_events_after_the_generation_without_synchronising_in_between():
+    """On CUDA every scale's mark is an event recorded in stream order; the timer synchronises once
+    before the generation and waits for the last event only, then reads the elapsed times."""
+    fake = _FakeCuda()
+    timer = Timer("cpu")
+    timer.cuda, timer.torch = True, type("T", (), {"cuda": fake})
+    log, gpu_ms = [], [0.5, 1.5, 2.5]
+
+    class Gen(_Logged):
+        def sample_tokens(self, labels, seed=0, logits_hook=None, **kw):
+            for si, ms in enumerate(gpu_ms):
+                fake.clock += ms / 1e3
+                logits_hook(si, None)
+            fake.clock += 0.25e-3
+            return [], torch.zeros(1, 1, 1, 1)
+
+        def decode_uint8(self, f):
+            fake.clock += 4e-3
+            return f
+
+    total, scales, decode = timed_generation(Config("A", Gen("A", log), torch.zeros(1), {}), timer, seed=1)
+    assert scales == pytest.approx([x / 1e3 for x in gpu_ms]) and decode == pytest.approx(4e-3)
+    assert total == pytest.approx((sum(gpu_ms) + 0.25 + 4) / 1e3)
+    assert fake.syncs == [("device", 0.0), ("event", pytest.approx(total))]   # before, and the last event
 
 
 class _Clocked(_Logged):
