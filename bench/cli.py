@@ -22,8 +22,19 @@ from bench.commands.models import cmd_info, cmd_list, cmd_sample
 from bench.commands.runs import cmd_run, cmd_runs, cmd_sweep
 from bench.commands.tables import cmd_figures, cmd_leaderboard, cmd_table
 from bench.commands.timing import cmd_coreml, cmd_latency
-from bench.defaults import DEFAULT_WORLD, MODEL_SAMPLING, SAMPLING_PARAMS, WORLDS
-from bench.registry import REGISTRIES, UnknownNameError
+from bench.defaults import DEFAULT_WORLD, SAMPLING_PARAMS, WORLDS
+from bench.registry import MODELS, REGISTRIES, UnknownNameError
+
+
+def _defaults_by_model(key: str) -> str:
+    """Every registered model's default for a sampling setting, from its card (models that share a value
+    named together), for the help texts."""
+    names: dict = {}
+    for name in MODELS.names():
+        sampling = MODELS.get(name).sampling
+        if key in sampling:
+            names.setdefault(sampling[key], []).append(name)
+    return ", ".join(f"{'/'.join(models)} {value}" for value, models in names.items())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,8 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     def sampling_flags(sp):
         for key, flag in (("cfg", "--cfg"), ("top_k", "--top-k"), ("top_p", "--top-p")):
             typ, lo, hi, what = SAMPLING_PARAMS[key]
-            per_model = ", ".join(f"{m} {d[key]}" for m, d in MODEL_SAMPLING if key in d)
-            sp.add_argument(flag, type=typ, default=None, help=f"{what}; [{lo}, {hi}] (default: the model's: {per_model})")
+            sp.add_argument(flag, type=typ, default=None,
+                            help=f"{what}; [{lo}, {hi}] (default: the model's: {_defaults_by_model(key)})")
 
     def common(sp):
         sp.add_argument("--world", choices=WORLDS, default=None, help="tiny (default; for `run` the "

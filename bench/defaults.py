@@ -26,10 +26,6 @@ HART_SAMPLING = {"cfg": 4.5, "top_p": 0.0, "more_smooth": True}
 # tiny-t2i: chosen on the quality bars after training (bench/recipes/tiny_t2i.py records them).
 TINY_T2I_SAMPLING = {"cfg": 3.0, "tau": 1.0, "top_k": 0, "top_p": 0.97}
 
-# The defaults above by the models that take them, for help texts (a model's card holds its own).
-MODEL_SAMPLING = (("var-d*", SAMPLING), ("tiny-var", TINY_SAMPLING), ("infinity-2b", INFINITY_SAMPLING),
-                  ("hart-0.7b", HART_SAMPLING), ("tiny-t2i", TINY_T2I_SAMPLING))
-
 # name -> (type, lowest, highest, help); None bounds are open. cfg may also be None (no guidance).
 SAMPLING_PARAMS = {
     "cfg": (float, 0.0, 100.0, "classifier-free guidance scale (VAR, HART: at the last scale, ramped linearly "

@@ -161,7 +161,7 @@ def peak_memory(cfg: "Config", timer: "Timer", seed: int) -> Optional[Dict[str, 
         return None
     import torch
     with torch.no_grad():
-        work = working_mb(lambda: _generate(cfg, seed), device)
+        work = working_mb(lambda: timed_generation(cfg, timer, seed), device)
     return {"value": weights + work, "weights_mb": weights, "working_mb": work,
             "kind": "weights + peak working memory of one generation (PyTorch allocator events)"}
 
@@ -203,10 +203,6 @@ class Config:
     labels: object
     sampling: dict
     compile_s: Optional[float] = None
-
-
-def _generate(cfg: Config, seed: int):
-    return cfg.gen.generate(cfg.labels, seed=seed, **cfg.sampling)
 
 
 def timed_generation(cfg: Config, timer: Timer, seed: int) -> Tuple[float, List[float], float]:

@@ -146,9 +146,8 @@ class FastVARPolicy(TokenPolicy):
         cached_BLC = self.cache[(kind, block_idx)]
         B, C = out_BlC.shape[0], out_BlC.shape[-1]
         (hc, wc), (h, w) = self.cache_hw, self.hw
-        # the token map [B, L, C] read as a channels-last [B, C, h, w] (no copy): the area resize keeps
-        # that layout, so its result is already [B, L', C] and the kept outputs go into it in place
-        # (same values as resizing a transposed copy: checked bit for bit on the CPU)
+        # as the official unmerge: the token map [B, L, C] read as a channels-last [B, C, h, w] (no copy),
+        # area-resized in that layout (so the result is already [B, L', C]), the kept outputs put in place
         base_BChw = F.interpolate(cached_BLC.reshape(B, hc, wc, C).permute(0, 3, 1, 2), size=(h, w), mode="area")
         base_BLC = base_BChw.permute(0, 2, 3, 1).reshape(B, h * w, C).to(out_BlC.dtype)
         return base_BLC.scatter_(1, keep_Bl.unsqueeze(-1).expand(-1, -1, C), out_BlC)

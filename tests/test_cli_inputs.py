@@ -136,3 +136,15 @@ def test_device_is_checked_before_any_work(tmp_path, capsys):
         assert main(["run", "--model", "tiny-var", "--n", "12", "--device", "cuda", "--results", str(tmp_path)]) == 2
         assert "CUDA is not available" in capsys.readouterr().err
     assert not any(tmp_path.rglob("*.json"))
+
+
+def test_sampling_help_names_every_models_default_from_its_card():
+    """--cfg / --top-k / --top-p help lists each registered model's own default (read from the cards)."""
+    from bench.registry import MODELS
+    actions = {a.dest: a.help for a in cli.build_parser()._subparsers._group_actions[0].choices["latency"]._actions}
+    for key in ("cfg", "top_k", "top_p"):
+        for name in MODELS.names():
+            sampling = MODELS.get(name).sampling
+            if key in sampling:
+                assert any(name in part and part.endswith(f" {sampling[key]}")
+                           for part in actions[key].split("model's: ")[1].rstrip(")").split(", ")), (key, name)

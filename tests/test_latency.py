@@ -53,9 +53,6 @@ class _Logged:
     def __init__(self, name, log):
         self.name, self.log = name, log
 
-    def generate(self, labels, seed=0, **kw):
-        return self.decode_uint8(self.sample_tokens(labels, seed, **kw)[1])
-
     def sample_tokens(self, labels, seed=0, logits_hook=None, **kw):
         self.log.append(self.name)
         for si in range(3):
@@ -321,16 +318,16 @@ def test_text_to_image_models_are_timed_on_the_worlds_geneval_prompts(tmp_path, 
     rows = shapes_metadata()
     assert latency_conditions(spec, MODELS.get("tiny-t2i"), 2) == [rows[0]["prompt"], rows[1]["prompt"]]
     seen = []
-    orig = T2IGenerator.generate
+    orig = T2IGenerator.sample_tokens
 
-    def generate(self, prompts, seed=0, **kw):
+    def sample_tokens(self, prompts, seed=0, **kw):
         seen.append(list(prompts))
         return orig(self, prompts, seed=seed, **kw)
-    monkeypatch.setattr(T2IGenerator, "generate", generate)
+    monkeypatch.setattr(T2IGenerator, "sample_tokens", sample_tokens)
     argv = ["latency", "--model", "tiny-t2i", "--reps", "3", "--warmup", "1", "--threads", "1", "--batch", "2",
             "--quiet", "--results", str(tmp_path)]
     assert main(argv) == 0
-    assert seen and all(p == [rows[0]["prompt"], rows[1]["prompt"]] for p in seen)
+    assert len(seen) == 1 + 3 + 1 and all(p == [rows[0]["prompt"], rows[1]["prompt"]] for p in seen)  # warm-up, timed, memory
     (path,) = tmp_path.glob("tiny/tiny-t2i/latency/*.json")
     rec = read_record(path)
     assert rec["cost"]["text_encoder_params"] > 0 and rec["cost"]["flops"] > rec["cost"]["flops_no_cfg"]
