@@ -32,11 +32,16 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-@pytest.fixture
-def small_gen() -> Generator:
+def make_small_gen() -> Generator:
+    """The small generator with its seeded random weights (the same every call)."""
     torch.manual_seed(0)
     gen = Generator(randomize_(VAR(SMALL_VAR), 1), randomize_(VQVAE(SMALL_VAE), 2), name="small")
     return gen.eval()
+
+
+@pytest.fixture
+def small_gen() -> Generator:
+    return make_small_gen()
 
 
 @torch.no_grad()

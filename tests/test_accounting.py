@@ -109,3 +109,55 @@ def test_log_schedule_keeps_the_mean_sparsity_without_weights():
     heads = gen.var.cfg.heads
     assert heads[0] == 16 and list(heads) == sorted(heads, reverse=True) and heads[-1] < 16 - round(16 * 0.4)
     assert abs(count_params(gen.var) - 230e6) / 230e6 < 0.02
+
+
+class _Calls(torch.utils._python_dispatch.TorchDispatchMode):
+    """Below the memo: the ops whose meta kernel really runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_meta_memo_runs_each_distinct_kernel_once_and_rebuilds_its_outputs():
+    from bench.accounting import MetaMemo
+    x = torch.empty(2, 3, 4, device="meta").permute(0, 2, 1)   # non-contiguous: outputs follow its strides
+    w = torch.empty(2, 4, 3, device="meta")                      # same shape, contiguous
+    with _Calls() as calls, MetaMemo():
+        a = [x.mul(2), torch.native_layer_norm(x, (3,), None, None, 1e-6), x.mul(2.0), x.mul(2), w.mul(2)]
+        y = x.clone()
+        assert y.add_(1) is y and y.add_(1) is y   # in place: always runs (and returns its own tensor)
+        z = torch.empty(1, device="cpu").mul(2)   # real tensors: always run
+    assert calls.ops.count("aten.mul.Tensor") == 4 and calls.ops.count("aten.native_layer_norm.default") == 1
+    assert calls.ops.count("aten.add_.Tensor") == 2 and z.device.type == "cpu"
+    first, again = a[0], a[3]
+    assert again is not first and again.shape == first.shape and again.stride() == first.stride() == x.stride()
+    assert a[4].stride() == w.stride() != x.stride()
+    assert a[2].dtype == a[0].dtype == torch.float32
+    out, mean, rstd = a[1]
+    assert out.shape == (2, 4, 3) and mean.shape == rstd.shape == (2, 4, 1)
+
+
+@pytest.mark.parametrize("chain", [[], ["fastvar"], ["lazyvar"], ["stepvar"], ["tome"], ["magnitude:sparsity=0.4"]])
+def test_the_memo_changes_no_count(chain, monkeypatch):
+    """Every total and per-scale share of a memoised count equals the plain counter's."""
+    import contextlib
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from bench import accounting
+    from bench.method import Context, apply_chain
+    gen = apply_chain(MODELS.get("tiny-var").build(device="meta"), chain, Context(progress=False))
+    memo = accounting._per_scale_flops(gen, 1.5, 900, 0.96), accounting.decode_flops(gen)
+
+    @contextlib.contextmanager
+    def plain():
+        with FlopCounterMode(display=False) as fc:
+            yield fc
+
+    monkeypatch.setattr(accounting, "counting", plain)
+    assert (accounting._per_scale_flops(gen, 1.5, 900, 0.96), accounting.decode_flops(gen)) == memo

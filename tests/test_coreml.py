@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.coreml import Decode, ScaleStep, example_inputs, interp_matrix, steps
+from tests.conftest import make_small_gen
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ct = pytest.importorskip("coremltools")
@@ -84,10 +85,18 @@ def _pruned(gen):
     return apply_chain(gen, ["magnitude:sparsity=0.5"], Context(progress=False))
 
 
-def test_export_and_op_counts_dense_and_pruned(small_gen, tmp_path):
+@pytest.fixture(scope="module")
+def dense_package(one_thread, tmp_path_factory) -> Path:
+    """The small generator exported once for the module's package tests (an export takes ~13 s)."""
+    from bench.coreml import export
+    return export(make_small_gen(), tmp_path_factory.mktemp("coreml") / "dense.mlpackage", progress=False,
+                  metadata={"model": "small"})
+
+
+def test_export_and_op_counts_dense_and_pruned(small_gen, dense_package, tmp_path):
     """A pruned model exports to the same op graph (per function, per op type) with smaller weights."""
     from bench.coreml import export, op_counts, weights_bytes
-    dense = export(small_gen, tmp_path / "dense.mlpackage", progress=False, metadata={"model": "small"})
+    dense = dense_package
     pruned = export(_pruned(small_gen), tmp_path / "pruned.mlpackage", progress=False)
     a, b = op_counts(dense), op_counts(pruned)
     K = len(small_gen.patch_nums)
@@ -105,10 +114,9 @@ def test_export_and_op_counts_dense_and_pruned(small_gen, tmp_path):
     assert set(names[2:]) == {"k_cache_0", "v_cache_0", "k_cache_1", "v_cache_1", "f_hat"}
 
 
-def test_cli_ops_and_bad_input(small_gen, tmp_path, capsys):
+def test_cli_ops_and_bad_input(dense_package, tmp_path, capsys):
     from bench.cli import main
-    from bench.coreml import export
-    pkg = export(small_gen, tmp_path / "m.mlpackage", progress=False)
+    pkg = dense_package
     assert main(["coreml", "ops", str(pkg), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["weights_bytes"] > 0 and out["functions"]["scale_0"]["linear"] > 0

@@ -79,6 +79,19 @@ def test_recipes_smoke_and_reproducible(tmp_path, few_steps):
         assert manifest_b["models"][name]["quality"] == manifest["models"][name]["quality"]
 
 
+def test_consecutive_stages_of_one_simd_level_share_a_child(tmp_path, monkeypatch):
+    """One child process per run of stages pinned to the same level, in stage order."""
+    calls = []
+    monkeypatch.setattr(train, "_run_pinned", lambda isa, out, jobs: calls.append((isa, [s for s, _ in jobs])))
+    train.run(tmp_path, progress=False)
+    assert calls == [("avx2", ["vqvae", "cnn", "var", "eval"])]
+    calls.clear()
+    monkeypatch.setitem(train.ISA_ENV, "avx512", {"ATEN_CPU_CAPABILITY": "avx512"})
+    monkeypatch.setattr(train, "CNN_RECIPE", {**train.CNN_RECIPE, "isa": "avx512"})
+    train.run(tmp_path, ("vqvae", "cnn", "var"), progress=False)
+    assert calls == [("avx2", ["vqvae"]), ("avx512", ["cnn"]), ("avx2", ["var"])]
+
+
 def test_no_isa_pin_trains_natively_and_says_so(tmp_path, few_steps):
     """``--no-isa-pin``: the stage runs in this process with the machine's own kernels, and its entry
     records ``isa: None`` (not the recipe's pin it did not run under) and the level torch reports."""

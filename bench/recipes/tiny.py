@@ -26,7 +26,8 @@ AVX2 and AVX-512 kernels round differently. A stage runs in a child process star
 numerical reproducibility: the AVX2 code path on any newer CPU) and ``ONEDNN_MAX_CPU_ISA=AVX2``
 (oneDNN convolutions). Each of the three changes the feature CNN's bits when left to the machine
 (measured on an AVX-512 machine); the variables must be set before torch starts, hence the child
-process, which receives the parent's recipes verbatim. The manifest records ``isa``, the variables
+process, which receives the parent's recipes verbatim (consecutive stages pinned to one level share
+a child; each seeds itself and pins its threads, so the bytes are the same). The manifest records ``isa``, the variables
 (``isa_env``) and the level torch reports (``cpu_capability``). ``--no-isa-pin`` trains with the
 machine's own kernels (faster on AVX-512; the entry then says ``isa: null``, and the files
 reproduce only on machines of the same level).
@@ -42,7 +43,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -317,11 +318,12 @@ _STAGE_FNS = {"vqvae": (_vqvae_stage, lambda: VAE_RECIPE.get("isa")), "cnn": (_c
 _SETTINGS = ("VAE_RECIPE", "VAR_RECIPE", "CNN_RECIPE", "EVAL_THREADS", "EVAL_ISA", "VAE_VAL", "CNN_VAL")
 
 
-def _run_pinned(isa: str, out: Path, stage: str, kwargs: dict) -> None:
-    """Run one stage in a child process whose CPU libraries are pinned to ``isa`` from the start
-    (the variables are read when torch loads). The child gets this process's recipes verbatim."""
-    job = json.dumps({"out": str(out), "stage": stage, "kwargs": kwargs,
-                      "settings": {k: globals()[k] for k in _SETTINGS}})
+def _run_pinned(isa: str, out: Path, jobs: List[Tuple[str, dict]]) -> None:
+    """Run stages (in order: (stage, keyword arguments)) in one child process whose CPU libraries are
+    pinned to ``isa`` from the start (the variables are read when torch loads). The child gets this
+    process's recipes verbatim; every stage seeds and pins its own threads, so sharing a child changes
+    no byte of what it writes."""
+    job = json.dumps({"out": str(out), "stages": jobs, "settings": {k: globals()[k] for k in _SETTINGS}})
     subprocess.run([sys.executable, "-m", "bench.recipes.tiny", "--stage-job", job],
                    env={**os.environ, **ISA_ENV[isa]}, check=True)
 
@@ -353,6 +355,8 @@ def run(out: Path, stages=STAGES, progress: bool = True, eval_per_class: int = 5
         for stage, name in (("vqvae", "tiny-vqvae"), ("cnn", "feature-cnn"), ("var", "tiny-var")):
             if stage in stages:
                 warn_if_other_simd(name)
+    pending: List[Tuple[str, dict]] = []   # consecutive stages pinned to one SIMD level: one child
+    pending_isa = None
     for stage in STAGES:
         if stage not in stages:
             continue
@@ -360,13 +364,23 @@ def run(out: Path, stages=STAGES, progress: bool = True, eval_per_class: int = 5
         kwargs = {"progress": progress, **({"per_class": eval_per_class} if stage == "eval" else {})}
         isa = isa_of()
         if isa_pin and isa and not isa_pinned(isa):
-            _run_pinned(isa, out, stage, kwargs)
-        elif not isa_pin and isa:
+            if pending and isa != pending_isa:
+                _run_pinned(pending_isa, out, pending)
+                pending = []
+            pending.append((stage, kwargs))
+            pending_isa = isa
+            continue
+        if pending:
+            _run_pinned(pending_isa, out, pending)
+            pending = []
+        if not isa_pin and isa:
             # trained with the machine's own kernels: the manifest must not claim the recipe's pin
             with _unpinned(stage):
                 fn(out, **kwargs)
         else:
             fn(out, **kwargs)
+    if pending:
+        _run_pinned(pending_isa, out, pending)
 
 
 @contextlib.contextmanager
@@ -397,10 +411,11 @@ def main(argv=None) -> int:
     if a.stage_job:
         job = json.loads(a.stage_job)
         globals().update(job["settings"])
-        fn, isa_of = _STAGE_FNS[job["stage"]]
-        if isa_of() and not isa_pinned(isa_of()):
-            p.error("--stage-job runs only under the ISA_ENV of its stage")
-        fn(Path(job["out"]), **job["kwargs"])
+        for stage, kwargs in job["stages"]:
+            fn, isa_of = _STAGE_FNS[stage]
+            if isa_of() and not isa_pinned(isa_of()):
+                p.error(f"--stage-job runs {stage} only under the ISA_ENV of its stage")
+            fn(Path(job["out"]), **kwargs)
         return 0
     stages = [s.strip() for s in a.stages.split(",") if s.strip()]
     bad = [s for s in stages if s not in STAGES]
