@@ -4,11 +4,11 @@ FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` (2·M·N·K 
 included) while the real sampling loop runs on meta tensors: no weights, no memory, and whatever a
 token policy or a pruned model changes is counted as it runs.
 
-Meta kernels compute only shapes, but many of them are Python reference implementations (about
-0.2–1 ms per call: a minute for Infinity-2B's ~64,000 ops). The blocks of a model repeat the same ops
-on the same shapes, so ``counting`` remembers each functional op's output metadata below the
-counter (``MetaMemo``): the counter still sees every op, the meta kernel runs once per distinct
-call (Infinity-2B: ~900 of ~37,000).
+Meta kernels compute only shapes, but many of them are Python reference implementations (0.2–1.6 ms
+per call; Infinity-2B's count makes ~64,000 calls). The blocks of a model repeat the same ops on the
+same shapes, so ``counting`` remembers each functional op's output metadata below the counter
+(``MetaMemo``): the counter still sees every op, the meta kernel runs once per distinct call
+(Infinity-2B: ~900 of ~34,000 functional calls).
 """
 from __future__ import annotations
 

@@ -27,14 +27,15 @@ numerical reproducibility: the AVX2 code path on any newer CPU) and ``ONEDNN_MAX
 (oneDNN convolutions). Each of the three changes the feature CNN's bits when left to the machine
 (measured on an AVX-512 machine); the variables must be set before torch starts, hence the child
 process, which receives the parent's recipes verbatim (consecutive stages pinned to one level share
-a child; each seeds itself and pins its threads, so the bytes are the same). The manifest records ``isa``, the variables
-(``isa_env``) and the level torch reports (``cpu_capability``). ``--no-isa-pin`` trains with the
-machine's own kernels (faster on AVX-512; the entry then says ``isa: null``, and the files
-reproduce only on machines of the same level).
+a child; each seeds itself and pins its threads, so the bytes are the same). The manifest records
+``isa``, the variables (``isa_env``) and the level torch reports (``cpu_capability``).
+``--no-isa-pin`` trains with the machine's own kernels (faster on AVX-512; the entry then says
+``isa: null``, and the files reproduce only on machines of the same level).
 """
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -355,32 +356,26 @@ def run(out: Path, stages=STAGES, progress: bool = True, eval_per_class: int = 5
         for stage, name in (("vqvae", "tiny-vqvae"), ("cnn", "feature-cnn"), ("var", "tiny-var")):
             if stage in stages:
                 warn_if_other_simd(name)
-    pending: List[Tuple[str, dict]] = []   # consecutive stages pinned to one SIMD level: one child
-    pending_isa = None
+    plan = []   # (stage, its keywords, the SIMD level of the child it needs, or None: runs here)
     for stage in STAGES:
-        if stage not in stages:
+        if stage in stages:
+            isa = _STAGE_FNS[stage][1]()
+            kwargs = {"progress": progress, **({"per_class": eval_per_class} if stage == "eval" else {})}
+            plan.append((stage, kwargs, isa if isa_pin and isa and not isa_pinned(isa) else None))
+    # consecutive stages pinned to one level share one child
+    for child_isa, group in itertools.groupby(plan, key=lambda p: p[2]):
+        group = list(group)
+        if child_isa:
+            _run_pinned(child_isa, out, [(stage, kwargs) for stage, kwargs, _ in group])
             continue
-        fn, isa_of = _STAGE_FNS[stage]
-        kwargs = {"progress": progress, **({"per_class": eval_per_class} if stage == "eval" else {})}
-        isa = isa_of()
-        if isa_pin and isa and not isa_pinned(isa):
-            if pending and isa != pending_isa:
-                _run_pinned(pending_isa, out, pending)
-                pending = []
-            pending.append((stage, kwargs))
-            pending_isa = isa
-            continue
-        if pending:
-            _run_pinned(pending_isa, out, pending)
-            pending = []
-        if not isa_pin and isa:
-            # trained with the machine's own kernels: the manifest must not claim the recipe's pin
-            with _unpinned(stage):
+        for stage, kwargs, _ in group:
+            fn, isa_of = _STAGE_FNS[stage]
+            if not isa_pin and isa_of():
+                # trained with the machine's own kernels: the manifest must not claim the recipe's pin
+                with _unpinned(stage):
+                    fn(out, **kwargs)
+            else:
                 fn(out, **kwargs)
-        else:
-            fn(out, **kwargs)
-    if pending:
-        _run_pinned(pending_isa, out, pending)
 
 
 @contextlib.contextmanager
