@@ -184,8 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--reps", type=int, default=10, help="timed generations per configuration, ≥ 3 (default 10)")
     sp.add_argument("--warmup", type=int, default=2, help="untimed generations first, ≥ 1 (default 2)")
     sp.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: all cores); recorded")
-    sp.add_argument("--compile", action="store_true", help="wrap each transformer block in torch.compile "
-                    "(compile time reported separately)")
+    sp.add_argument("--compile", action="store_true", help="wrap each block's attention and FFN in torch.compile "
+                    "(static shapes; warm-up goes on until nothing new compiles; compile time and graph count "
+                    "reported separately)")
     sp.add_argument("--compute-units", action="append", default=None, choices=("CPU_AND_NE", "ALL", "CPU_AND_GPU", "CPU_ONLY"),
                     help="--device coreml: Core ML compute-unit setting, repeatable (default: CPU_AND_NE, ALL, "
                          "CPU_AND_GPU, the rows of EVAR Table 5); each gets its own record with #CPU/#GPU/#NPU ops")

@@ -45,9 +45,18 @@ passes than the first configuration (LazyVAR) meets it only below some fixed cos
 what reading the weights alone takes says the criterion cannot hold on that machine at that batch,
 however little the method wastes.
 
-``compile``: each transformer block is wrapped by ``torch.compile`` before the warm-up; the extra
-time of the first warm-up generation over the second is reported as ``compile_s`` (not in the
-latency). Records: ``bench = "latency"``, the setting (device, batch, threads, compile, warmup) in
+``compile``: each block's sub-layers (attention, cross-attention, FFN) are wrapped by
+``torch.compile`` (static shapes) before the warm-up; norms, modulation and token policies stay
+eager (``install_compile`` says why). Dynamo keeps one cache per code object, so the entries of
+every configuration in a run (each sub-layer at each scale's shapes, and again once the KV cache
+exists) count against one recompile limit, past which it would run the rest eagerly without saying
+so in the result: the limit is lifted for the measurement and hitting it is an error. The warm-up
+goes on (at most ``COMPILE_SETTLE`` generations more) until a generation compiles nothing new, so
+no timed generation compiles; ``compile_s`` is the warm-up's time over that many settled
+generations and ``compile_graphs`` the graphs compiled in it (graphs shared with a configuration
+warmed up earlier are not compiled again); graphs compiled during the timed generations (none
+expected) are recorded as ``compile_graphs_timed``, with a warning printed when there are any.
+Records: ``bench = "latency"``, the setting (device, batch, threads, compile, warmup) in
 the protocol, ``n`` = reps.
 """
 from __future__ import annotations
@@ -203,6 +212,7 @@ class Config:
     labels: object
     sampling: dict
     compile_s: Optional[float] = None
+    compile_graphs: Optional[int] = None
 
 
 def timed_generation(cfg: Config, timer: Timer, seed: int) -> Tuple[float, List[float], float]:
@@ -226,17 +236,59 @@ def timed_generation(cfg: Config, timer: Timer, seed: int) -> Tuple[float, List[
     return sum(s), s[:scales], s[-1]
 
 
+COMPILE_SETTLE = 6   # extra warm-up generations at most under --compile, until one compiles nothing
+_COMPILE_LIMIT = 100_000
+
+
 def install_compile(gen) -> None:
-    """Wrap every transformer block in ``torch.compile`` (the sampling loop stays eager). Every block
-    at every scale is its own specialisation (static shapes), so dynamo's recompile limit (default 8)
-    is raised to blocks × scales: past the limit it would silently run the rest eagerly."""
-    import torch._dynamo
-    need = len(gen.blocks) * len(gen.scales_hw) + 8
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), need))
+    """Wrap each block's sub-layers (self- and cross-attention, FFN: the block class's ``SUBLAYERS``,
+    what a token policy routes) in ``torch.compile`` with static shapes; the block's glue (norms,
+    modulation, residuals), any token policy and the sampling loop stay eager. Whole blocks would
+    take the policy's Python into the graphs: dynamo then specialises on every block index, on the
+    policy's type and state and on closures that every configuration's blocks share (one code
+    object), so a run of several methods compiled ~3× the graphs and kept recompiling during the
+    timed generations; sub-layers are shared by the blocks of a scale and compile once per shape."""
     for b in gen.blocks:
-        b.compile()
+        for name in type(b).SUBLAYERS:
+            getattr(b, name).compile(dynamic=False)
+
+
+def compile_settings(on: bool):
+    """Dynamo's recompile limits lifted (they are per code object, and every configuration's blocks
+    share one) and hitting them made an error, so that nothing falls back to eager silently."""
+    if not on:
+        return contextlib.nullcontext()
+    import torch._dynamo
+    c = torch._dynamo.config
+    return c.patch(recompile_limit=max(c.recompile_limit, _COMPILE_LIMIT),
+                   accumulated_recompile_limit=max(c.accumulated_recompile_limit, _COMPILE_LIMIT),
+                   fail_on_recompile_limit_hit=True)
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+def warm_up(cfg: Config, timer: Timer, warmup: int, seed: int, compile: bool) -> None:
+    """``warmup`` untimed generations; under ``compile`` more (at most ``COMPILE_SETTLE``) until one
+    compiles no new graph, setting ``cfg.compile_s`` (the warm-up's time over as many generations at
+    the settled one's) and ``cfg.compile_graphs``."""
+    if compile:
+        install_compile(cfg.gen)
+    start, times = compiled_graphs() if compile else 0, []
+    for i in range(warmup + (COMPILE_SETTLE if compile else 0)):
+        g0 = compiled_graphs() if compile else 0
+        times.append(timed_generation(cfg, timer, seed)[0])
+        if i + 1 >= warmup and (not compile or compiled_graphs() == g0):
+            break
+    else:
+        print(f"warning: {cfg.label}: still compiling after {len(times)} warm-up generations; the timed ones "
+              f"may include compile time (see compile_graphs_timed in its record)", file=sys.stderr)
+    if compile:
+        cfg.compile_s = max(sum(times) - len(times) * times[-1], 0.0)
+        cfg.compile_graphs = compiled_graphs() - start
 
 
 def measure(configs: Sequence[Config], device: str, reps: int, warmup: int, seed: int = 0, compile: bool = False,
@@ -246,27 +298,30 @@ def measure(configs: Sequence[Config], device: str, reps: int, warmup: int, seed
     import torch
     from tqdm.auto import tqdm
     timer = Timer(device)
-    with torch.no_grad():
+    timed_graphs = {c.label: 0 for c in configs}
+    with torch.no_grad(), compile_settings(compile):
         for cfg in configs:
-            if compile:
-                install_compile(cfg.gen)
-            firsts = [timed_generation(cfg, timer, seed)[0] for _ in range(warmup)]
-            if compile and warmup >= 2:
-                cfg.compile_s = max(firsts[0] - firsts[-1], 0.0)
+            warm_up(cfg, timer, warmup, seed, compile)
         runs: Dict[str, list] = {c.label: [] for c in configs}
         for r in tqdm(range(reps), desc="latency", disable=not progress):
             k = r % len(configs)
             for cfg in list(configs[k:]) + list(configs[:k]):   # rotated order
+                g0 = compiled_graphs() if compile else 0
                 runs[cfg.label].append(timed_generation(cfg, timer, seed + 1 + r))
+                timed_graphs[cfg.label] += (compiled_graphs() - g0) if compile else 0
         out = {}
         for cfg in configs:
             total, scales, decode = zip(*runs[cfg.label])
+            if timed_graphs[cfg.label]:
+                print(f"warning: {cfg.label}: {timed_graphs[cfg.label]} graph(s) compiled during the timed "
+                      f"generations; its times include compiling", file=sys.stderr)
             out[cfg.label] = {
                 "latency_ms": summarize(total, seed),
                 "peak_mem": peak_memory(cfg, timer, seed + 1),
                 "breakdown": {"scale_ms": [round(float(np.median(c)) * 1e3, 3) for c in zip(*scales)],
                               "decode_ms": round(float(np.median(decode)) * 1e3, 3), "n": reps},
-                "compile_s": cfg.compile_s,
+                "compile": None if not compile else {"compile_s": cfg.compile_s, "compile_graphs": cfg.compile_graphs,
+                                                     "compile_graphs_timed": timed_graphs[cfg.label]},
             }
     return out
 
@@ -428,8 +483,7 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool) -> List[dic
                 "batch": batch, "device": device,
                 "per_scale_ms": r["breakdown"]["scale_ms"], "decode_ms": r["breakdown"]["decode_ms"],
                 "breakdown_n": r["breakdown"]["n"], "threads": thread_info()}
-        if r["compile_s"] is not None:
-            cost["compile_s"] = r["compile_s"]
+        cost.update(r["compile"] or {})
         cost.update(extra.get(spec.key(), {}))
         tm = {**timings[spec.key()], "measure_s": measure_s}
         tm["total_s"] = sum(tm.values())
@@ -474,7 +528,8 @@ def report(specs, records, labels: Sequence[str]) -> str:
     lines = [f"{specs[0].model} · {p['device']} · batch {p['batch']}"
              + (f" · threads {p['threads']}" if p.get("threads") else "")
              + (" · torch.compile" if p.get("compile") else "")
-             + f" · {specs[0].n} timed generations per configuration, alternated, after {p['warmup']} warm-up",
+             + f" · {specs[0].n} timed generations per configuration, alternated, after {p['warmup']} warm-up"
+             + (" (more under torch.compile until one compiles nothing)" if p.get("compile") else ""),
              f"{'configuration':34s} {'median ms':>10s} {'IQR':>8s} {'p90':>9s} {'95% CI of median':>20s} "
              f"{'img/s':>7s} {'peak MiB':>9s} {'(weights':>9s} {'+ working)':>10s} {'speed-up':>9s} {'FLOPs ratio':>11s}"]
     base = records[0]
@@ -501,6 +556,7 @@ def report(specs, records, labels: Sequence[str]) -> str:
         scales = sum(c["per_scale_ms"])
         lines.append(f"  {lab[:32]:32s} " + " ".join(f"{x:.0f}" for x in c["per_scale_ms"])
                      + f" | decode {c['decode_ms']:.0f}" + (f" | compile {c['compile_s']:.1f} s" if "compile_s" in c else "")
+                     + (f", {c['compile_graphs']} graphs" if "compile_graphs" in c else "")
                      + (f" | scales {scales:.0f} ms, {base_scales / scales:.2f}×" if scales > 0 else ""))
     model = pass_model(base["cost"])
     if model is not None:

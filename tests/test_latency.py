@@ -1,5 +1,6 @@
 """The latency bench: statistics, alternation, records, staleness, and bad input."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,7 +38,9 @@ def test_summary_statistics_match_numpy_and_the_ci_brackets_the_median():
 def test_protocol_carries_the_setting_and_round_trips():
     b = LatencyBench(device="cuda:1", batch=4, threads=2, compile=True, warmup=3)
     p = b.identity()
-    assert p == {"version": 3, "device": "cuda", "batch": 4, "threads": None, "compile": True, "warmup": 3}
+    assert p == {"version": 3, "device": "cuda", "batch": 4, "threads": None, "compile": True, "warmup": 3,
+                 "compile_scope": "sublayers"}
+    assert "compile_scope" not in LatencyBench(batch=2).identity()   # uncompiled records keep their keys
     assert LatencyBench(**LatencyBench.args_from_protocol(LatencyBench(batch=2, threads=3).identity())).identity() \
         == LatencyBench(batch=2, threads=3).identity()
     for kw, msg in ((dict(batch=0), "--batch 0"), (dict(warmup=0), "--warmup 0"), (dict(threads=0), "--threads 0")):
@@ -281,16 +284,95 @@ def test_run_refuses_the_latency_bench(capsys):
     assert "run it with `varbench latency`" in capsys.readouterr().err
 
 
+def _blocks_of_every_family():
+    from bench.models.hart import HART
+    from bench.models.hart_config import HARTConfig
+    from bench.models.infinity import Infinity
+    from tests.conftest import make_small_gen
+    from tests.test_t2i import SMALL
+    meta = json.loads((Path(__file__).parent / "fixtures/official/hart_golden.json").read_text())
+    return {"var": list(make_small_gen().blocks), "infinity": list(Infinity(SMALL).block_list),
+            "hart": list(HART(HARTConfig.from_dict(meta["varbench_config"]["a"])).blocks)}
+
+
+def test_compile_wraps_the_routed_sublayers_of_every_block_and_leaves_the_block_eager():
+    """Whole blocks would take a token policy's Python into the graphs (per-block specialisation,
+    recompiles while timing); the sub-layers a policy routes are compiled instead, in every family."""
+    from types import SimpleNamespace
+
+    from bench.latency import install_compile
+    for family, blocks in _blocks_of_every_family().items():
+        install_compile(SimpleNamespace(blocks=blocks))
+        for b in blocks:
+            assert getattr(b, "_compiled_call_impl", None) is None, family
+            compiled = {n for n, m in b.named_children() if getattr(m, "_compiled_call_impl", None) is not None}
+            assert compiled == set(type(b).SUBLAYERS) and len(compiled) >= 2, (family, compiled)
+
+
+def test_compile_settings_lift_dynamos_limit_and_make_hitting_it_an_error():
+    """Past the recompile limit dynamo runs the rest eagerly and says so only in a log line: a
+    compiled configuration would be timed partly eager. Lifted and made fatal for the measurement."""
+    import torch._dynamo
+
+    from bench.latency import compile_settings
+    c = torch._dynamo.config
+    before = (c.recompile_limit, c.accumulated_recompile_limit, c.fail_on_recompile_limit_hit)
+    with compile_settings(True):
+        assert c.recompile_limit >= 100_000 and c.accumulated_recompile_limit >= 100_000
+        assert c.fail_on_recompile_limit_hit is True
+    assert (c.recompile_limit, c.accumulated_recompile_limit, c.fail_on_recompile_limit_hit) == before
+    with compile_settings(False):
+        assert (c.recompile_limit, c.accumulated_recompile_limit, c.fail_on_recompile_limit_hit) == before
+
+
+def test_the_compiled_warm_up_goes_on_until_a_generation_compiles_nothing(monkeypatch, capsys):
+    import bench.latency as L
+    state = {"graphs": 0, "gens": 0, "new": [], "times": []}
+
+    def fake_generation(cfg, timer, seed):
+        i = state["gens"]
+        state["gens"] += 1
+        state["graphs"] += state["new"][i]
+        return state["times"][i], [], 0.0
+
+    monkeypatch.setattr(L, "timed_generation", fake_generation)
+    monkeypatch.setattr(L, "compiled_graphs", lambda: state["graphs"])
+    monkeypatch.setattr(L, "install_compile", lambda gen: None)
+
+    def warm(warmup, compile, new, times):
+        state.update(graphs=0, gens=0, new=new, times=times)
+        cfg = Config("c", None, None, {})
+        L.warm_up(cfg, None, warmup, 0, compile)
+        return cfg, state["gens"]
+
+    cfg, gens = warm(1, True, [5, 3, 0, 0], [3.0, 2.0, 0.5, 0.5])   # the second generation compiles again
+    assert gens == 3 and cfg.compile_graphs == 8 and cfg.compile_s == pytest.approx(3.0 + 2.0 + 0.5 - 3 * 0.5)
+    cfg, gens = warm(4, True, [5, 0, 0, 0, 0], [3.0, 0.5, 0.5, 0.5, 0.5])   # at least --warmup generations
+    assert gens == 4 and cfg.compile_graphs == 5
+    cfg, gens = warm(2, False, [0, 0, 0], [1.0, 1.0, 1.0])
+    assert gens == 2 and cfg.compile_s is None and cfg.compile_graphs is None
+    assert "warning" not in capsys.readouterr().err
+    cfg, gens = warm(1, True, [1] * 20, [1.0] * 20)   # never settles: bounded, and said
+    assert gens == 1 + L.COMPILE_SETTLE and "still compiling" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
-def test_compile_reports_compile_time_separately(tmp_path, capsys):
-    argv = ["latency", "--model", "tiny-var", "--compile", "--reps", "3", "--warmup", "2", "--threads", "1",
-            "--quiet", "--results", str(tmp_path)]
+def test_compile_reports_compile_time_separately_and_never_falls_back_to_eager(tmp_path, capsys):
+    """Two configurations compiled in one run share dynamo's cache of the block's forward: the second
+    (a token method, more shapes) must compile all it needs within the warm-up, not hit the recompile
+    limit and run eagerly (it did under a limit of blocks x scales + 8), and no timed generation
+    compiles. --warmup 1 still warms up until a generation compiles nothing."""
+    argv = ["latency", "--model", "tiny-var", "--method", "dense", "--method", "fastvar:schedule=var", "--compile",
+            "--reps", "3", "--warmup", "1", "--threads", "1", "--quiet", "--results", str(tmp_path)]
     assert main(argv) == 0
-    assert "torch.compile" in capsys.readouterr().out
-    (path,) = tmp_path.glob("tiny/tiny-var/latency/*.json")
-    rec = read_record(path)
-    assert rec["spec"]["protocol"]["compile"] is True and rec["cost"]["compile_s"] > 0
+    out = capsys.readouterr()
+    assert "torch.compile" in out.out and "graphs" in out.out and "warning" not in out.err
+    recs = [read_record(p) for p in tmp_path.glob("tiny/tiny-var/latency/*.json")]
+    assert len(recs) == 2
+    for rec in recs:
+        assert rec["spec"]["protocol"]["compile"] is True and rec["cost"]["compile_s"] > 0
+        assert rec["cost"]["compile_graphs"] > 0 and rec["cost"]["compile_graphs_timed"] == 0
 
 
 @pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")

@@ -43,6 +43,8 @@ class LatencyBench(Bench):
                "threads": self.threads if dev == "cpu" else None, "compile": self.compile, "warmup": self.warmup}
         if dev == "coreml":   # only Core ML runs carry these (older records keep their keys)
             out.update(compute_units=self.compute_units, precision=self.precision)
+        if self.compile:      # what is compiled (bench.latency.install_compile); earlier compiled records
+            out["compile_scope"] = "sublayers"   # wrapped whole blocks, past dynamo's limit partly eager
         return out
 
     @classmethod

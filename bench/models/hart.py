@@ -202,6 +202,7 @@ class FFN(nn.Module):
 
 class AdaLNSelfAttn(nn.Module):
     """x += γ1·Attn(N(x)(1+s1)+b1); x += γ2·MLP(N(x)(1+s2)+b2); (γ1,γ2,s1,s2,b1,b2) from the context."""
+    SUBLAYERS = ("attn", "ffn")   # the sub-layers a token policy routes (and the latency bench compiles)
 
     def __init__(self, cfg: HARTConfig):
         super().__init__()

@@ -171,6 +171,8 @@ class TextAttentivePool(nn.Module):
 
 # ---------------------------------------------------------------- blocks
 class CrossAttnBlock(nn.Module):
+    SUBLAYERS = ("sa", "ca", "ffn")   # the sub-layers a token policy routes (and the latency bench compiles)
+
     def __init__(self, cfg: InfinityConfig, block_idx: int, drop_path: float):
         super().__init__()
         C = cfg.width

@@ -122,6 +122,7 @@ class DropPath(nn.Module):
 
 class AdaLNSelfAttn(nn.Module):
     """x += γ1·Attn(LN(x)(1+s1)+b1); x += γ2·FFN(LN(x)(1+s2)+b2), (γ1,γ2,s1,s2,b1,b2) = AdaLN(cond)."""
+    SUBLAYERS = ("attn", "ffn")   # the sub-layers a token policy routes (and the latency bench compiles)
 
     def __init__(self, cfg: VARConfig, block_idx: int, drop_path: float):
         super().__init__()
