@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.method import TokenMethod
-from bench.models.policy import TokenPolicy
+from bench.models.policy import TokenPolicy, put_tokens_, take_tokens
 from bench.registry import METHODS
 from bench.spec import SpecError
 
@@ -131,7 +131,7 @@ class FastVARPolicy(TokenPolicy):
             return fn(h_BLC)
         B, L, _ = h_BLC.shape
         keep_Bl = self.pivotal(x_BLC if x_BLC is not None else h_BLC, L - int(L * ratio))
-        h_BlC = h_BLC.gather(1, keep_Bl.unsqueeze(-1).expand(-1, -1, h_BLC.shape[-1]))
+        h_BlC = take_tokens(h_BLC, keep_Bl)
         out_BlC = fn(h_BlC, keep_Bl=keep_Bl)
         return self.restore_cached(kind, block_idx, keep_Bl, out_BlC, L)
 
@@ -149,8 +149,8 @@ class FastVARPolicy(TokenPolicy):
         # as the official unmerge: the token map [B, L, C] read as a channels-last [B, C, h, w] (no copy),
         # area-resized in that layout (so the result is already [B, L', C]), the kept outputs put in place
         base_BChw = F.interpolate(cached_BLC.reshape(B, hc, wc, C).permute(0, 3, 1, 2), size=(h, w), mode="area")
-        base_BLC = base_BChw.permute(0, 2, 3, 1).reshape(B, h * w, C).to(out_BlC.dtype)
-        return base_BLC.scatter_(1, keep_Bl.unsqueeze(-1).expand(-1, -1, C), out_BlC)
+        base_BLC = base_BChw.permute(0, 2, 3, 1).reshape(B, h * w, C).to(out_BlC.dtype).contiguous()
+        return put_tokens_(base_BLC, keep_Bl, out_BlC)
 
 
 @METHODS.register("fastvar")

@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.method import TokenMethod
-from bench.models.policy import TokenPolicy
+from bench.models.policy import TokenPolicy, take_tokens
 from bench.registry import METHODS
 from bench.spec import SpecError
 from methods.fastvar import parse_fractions, pts_score
@@ -182,7 +182,7 @@ class LazyVARPolicy(TokenPolicy):
             return x_BLC
         rows = keep_Bl.repeat(x_BLC.shape[0] // keep_Bl.shape[0], 1)   # the CFG halves keep the same tokens
         self.scale_keep = rows
-        return x_BLC.gather(1, rows.unsqueeze(-1).expand(-1, -1, x_BLC.shape[-1]))
+        return take_tokens(x_BLC, rows)
 
     def residual_keep(self, si: int) -> Optional[torch.Tensor]:
         return self.kept.get(si)

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.method import TokenMethod
-from bench.models.policy import TokenPolicy
+from bench.models.policy import TokenPolicy, take_tokens
 from bench.registry import METHODS
 from bench.spec import SpecError
 from methods.fastvar import parse_drop
@@ -126,7 +126,7 @@ class StepVARPolicy(TokenPolicy):
             return x_BLC
         L = x_BLC.shape[1]
         self.scale_keep = self.scores(x_BLC).argsort(dim=1, descending=True, stable=True)[:, :L - int(L * ratio)]
-        return x_BLC.gather(1, self.scale_keep.unsqueeze(-1).expand(-1, -1, x_BLC.shape[-1]))
+        return take_tokens(x_BLC, self.scale_keep)
 
     def exit_scale(self, si: int, x_BlC: torch.Tensor) -> torch.Tensor:
         if self.scale_keep is None:
@@ -137,13 +137,13 @@ class StepVARPolicy(TokenPolicy):
         dist_BLn = torch.cdist(pos_L2.expand(B, -1, -1), pos_L2[keep_Bl])
         if self.restore == "nearest":
             src_BL = dist_BLn.argmin(-1)   # first minimum in kept (score) order: ties go to the higher-scored kept token
-            return x_BlC.gather(1, src_BL.unsqueeze(-1).expand(-1, -1, C))
+            return take_tokens(x_BlC, src_BL)
         k = min(LINEAR_NEIGHBOURS, n)
         d_BLk, src_BLk = dist_BLn.topk(k, dim=-1, largest=False)
         w_BLk = 1.0 / d_BLk.clamp_min(1e-6)
         w_BLk = torch.where(d_BLk[..., :1] == 0, (d_BLk == 0).to(w_BLk.dtype), w_BLk)   # a kept position keeps itself
         w_BLk = (w_BLk / w_BLk.sum(-1, keepdim=True)).to(x_BlC.dtype)
-        nb_BLkC = x_BlC.gather(1, src_BLk.flatten(1).unsqueeze(-1).expand(-1, -1, C)).view(B, -1, k, C)
+        nb_BLkC = take_tokens(x_BlC, src_BLk.flatten(1)).view(B, -1, k, C)
         return (w_BLk.unsqueeze(-1) * nb_BLkC).sum(2)
 
 

@@ -2,7 +2,7 @@
 import torch
 
 from bench.models.generator import top_k_top_p_filter_
-from bench.models.policy import TokenPolicy
+from bench.models.policy import TokenPolicy, put_tokens_, scatter_kept, take_tokens
 
 
 def test_kv_cache_logits_equal_teacher_forcing(small_gen):
@@ -119,3 +119,24 @@ def test_pruning_policy_changes_only_the_pruned_scale(small_gen):
         assert torch.equal(seen[si], seen_ref[si])
     assert seen[last].shape == seen_ref[last].shape
     assert not torch.allclose(seen[last], seen_ref[last])
+
+
+def test_token_rows_taken_and_put_as_gather_and_scatter_do():
+    """take_tokens / put_tokens_ (index_select / index_copy_ over the flattened rows, the fast path of
+    every token method) equal gather / scatter_ along dim 1 exactly: batch rows with their own
+    positions, trailing dims, a non-contiguous input, and scatter_kept's fill."""
+    g = torch.Generator().manual_seed(0)
+    x_BLHC = torch.randn(3, 10, 2, 5, generator=g)
+    idx_Bl = torch.stack([torch.randperm(10, generator=g)[:4] for _ in range(3)])
+    want = x_BLHC.gather(1, idx_Bl[:, :, None, None].expand(-1, -1, 2, 5))
+    assert torch.equal(take_tokens(x_BLHC, idx_Bl), want)
+    x_BCL = torch.randn(3, 6, 10, generator=g)
+    assert torch.equal(take_tokens(x_BCL.transpose(1, 2), idx_Bl),
+                       x_BCL.transpose(1, 2).gather(1, idx_Bl.unsqueeze(-1).expand(-1, -1, 6)))
+    base = torch.randn(3, 10, 2, 5, generator=g)
+    src = torch.randn(3, 4, 2, 5, generator=g)
+    want = base.clone().scatter_(1, idx_Bl[:, :, None, None].expand(-1, -1, 2, 5), src)
+    got = base.clone()
+    assert put_tokens_(got, idx_Bl, src) is got and torch.equal(got, want)
+    kept = scatter_kept(idx_Bl, src, 10, fill=-1.0)
+    assert torch.equal(kept, torch.full_like(base, -1.0).scatter_(1, idx_Bl[:, :, None, None].expand(-1, -1, 2, 5), src))
