@@ -260,9 +260,12 @@ def compile_settings(on: bool):
         return contextlib.nullcontext()
     import torch._dynamo
     c = torch._dynamo.config
-    return c.patch(recompile_limit=max(c.recompile_limit, _COMPILE_LIMIT),
-                   accumulated_recompile_limit=max(c.accumulated_recompile_limit, _COMPILE_LIMIT),
-                   fail_on_recompile_limit_hit=True)
+    names = [next((n for n in pair if hasattr(c, n)), None) for pair in   # the older torch names second
+             (("recompile_limit", "cache_size_limit"), ("accumulated_recompile_limit", "accumulated_cache_size_limit"),
+              ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"))]
+    limit, accumulated, fail = names
+    patch = {n: max(getattr(c, n), _COMPILE_LIMIT) for n in (limit, accumulated) if n}
+    return c.patch(**patch, **({fail: True} if fail else {}))
 
 
 def compiled_graphs() -> int:

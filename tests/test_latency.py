@@ -359,10 +359,10 @@ def test_the_compiled_warm_up_goes_on_until_a_generation_compiles_nothing(monkey
 @pytest.mark.slow
 @pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
 def test_compile_reports_compile_time_separately_and_never_falls_back_to_eager(tmp_path, capsys):
-    """Two configurations compiled in one run share dynamo's cache of the block's forward: the second
-    (a token method, more shapes) must compile all it needs within the warm-up, not hit the recompile
-    limit and run eagerly (it did under a limit of blocks x scales + 8), and no timed generation
-    compiles. --warmup 1 still warms up until a generation compiles nothing."""
+    """Two configurations compiled in one run share dynamo's caches: the second (a token method, more
+    shapes) compiles all it needs within the warm-up (on tiny-t2i, FastVAR's whole blocks once hit the
+    old limit of blocks x scales + 8 and ran the rest eagerly), the records say how many graphs, and
+    no timed generation compiles. --warmup 1 still warms up until a generation compiles nothing."""
     argv = ["latency", "--model", "tiny-var", "--method", "dense", "--method", "fastvar:schedule=var", "--compile",
             "--reps", "3", "--warmup", "1", "--threads", "1", "--quiet", "--results", str(tmp_path)]
     assert main(argv) == 0
