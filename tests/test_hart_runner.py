@@ -114,9 +114,11 @@ def test_sampling_settings_the_model_does_not_take_are_refused():
     assert make_spec("hart-0.7b", bench="geneval", sampling={"cfg": 3}, need_ckpt=False).sampling["cfg"] == 3.0
 
 
-def test_latency_bench_runs_hart_from_its_checkpoint_folder(tmp_path, models, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("compile_", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["eager", "compile"])
+def test_latency_bench_runs_hart_from_its_checkpoint_folder(tmp_path, models, monkeypatch, compile_):  # noqa: F811
     """The runner's path for a paper-world HART: spec (identity of the folder's files), load, token
-    method, prompts of the world's GenEval bench, timing, per-scale FLOPs, records."""
+    method, prompts of the world's GenEval bench, timing, per-scale FLOPs, records; under --compile
+    (HART's attention and FFN) nothing compiles while timed."""
     from bench.latency import latency_specs, run_latency
     from bench.models.cards import HARTCard
     from bench.registry import MODELS
@@ -124,7 +126,7 @@ def test_latency_bench_runs_hart_from_its_checkpoint_folder(tmp_path, models, mo
     cfg = models["a"].cfg
     monkeypatch.setattr(HARTCard, "text_encoder", lambda self, ckpt_dir_=None, device="cpu":
                         WordFeatures(cfg.context_token, cfg.context_dim))
-    setting = {"device": "cpu", "batch": 1, "threads": 1, "compile": False, "warmup": 1}
+    setting = {"device": "cpu", "batch": 1, "threads": 1, "compile": compile_, "warmup": 1}
     specs = latency_specs("hart-0.7b", ["dense", "fastvar"], reps=3, seed=0, setting=setting, world="paper",
                           ckpt_dir=tmp_path)
     assert specs[0].ckpt == MODELS.get("hart-0.7b").identity(tmp_path)
@@ -137,6 +139,9 @@ def test_latency_bench_runs_hart_from_its_checkpoint_folder(tmp_path, models, mo
     assert fast["cost"]["flops"] < dense["cost"]["flops"]
     assert fast["cost"]["scale_flops"][:6] == dense["cost"]["scale_flops"][:6]   # hart schedule: the last two scales
     assert dense["cost"]["params"] == sum(p.numel() for p in models["a"].parameters())
+    if compile_:
+        assert dense["cost"]["compile_graphs"] > 0
+        assert dense["cost"]["compile_graphs_timed"] == 0 and fast["cost"]["compile_graphs_timed"] == 0
 
 
 def test_a_missing_text_model_is_named_before_the_transformer_loads(tmp_path, models, monkeypatch):  # noqa: F811

@@ -279,6 +279,13 @@ def test_bad_latency_arguments_are_one_clear_line(capsys, tmp_path, extra, msg):
     assert not any(tmp_path.iterdir())
 
 
+def test_compile_is_refused_for_core_ml():
+    """A Core ML generator has no PyTorch blocks to compile (on macOS this check is what answers)."""
+    with pytest.raises(ValueError, match="--compile applies to --device cpu or cuda"):
+        LatencyBench(device="coreml", compile=True, compute_units="ALL")
+    assert LatencyBench(device="coreml", compute_units="ALL").identity()["compile"] is False
+
+
 def test_run_refuses_the_latency_bench(capsys):
     assert main(["run", "--model", "tiny-var", "--bench", "latency"]) == 2
     assert "run it with `varbench latency`" in capsys.readouterr().err

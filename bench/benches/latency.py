@@ -34,6 +34,9 @@ class LatencyBench(Bench):
                 raise ValueError(f"--compute-units {compute_units!r}: expected one of {', '.join(COMPUTE_UNITS)}")
         elif compute_units is not None:
             raise ValueError("--compute-units applies to --device coreml only")
+        if compile and device == "coreml":
+            raise ValueError("--compile applies to --device cpu or cuda (torch.compile); Core ML compiles its "
+                             "package itself when it loads it")
         self.compute_units, self.precision = compute_units, precision
         self.threads = threads if threads is not None else (os.cpu_count() or 1)
 
