@@ -280,18 +280,19 @@ def warm_up(cfg: Config, timer: Timer, warmup: int, seed: int, compile: bool) ->
     the settled one's) and ``cfg.compile_graphs``."""
     if compile:
         install_compile(cfg.gen)
-    start, times = compiled_graphs() if compile else 0, []
+    graphs = compiled_graphs if compile else (lambda: 0)
+    start, times = graphs(), []
     for i in range(warmup + (COMPILE_SETTLE if compile else 0)):
-        g0 = compiled_graphs() if compile else 0
+        g0 = graphs()
         times.append(timed_generation(cfg, timer, seed)[0])
-        if i + 1 >= warmup and (not compile or compiled_graphs() == g0):
+        if i + 1 >= warmup and graphs() == g0:
             break
     else:
         print(f"warning: {cfg.label}: still compiling after {len(times)} warm-up generations; the timed ones "
               f"may include compile time (see compile_graphs_timed in its record)", file=sys.stderr)
     if compile:
         cfg.compile_s = max(sum(times) - len(times) * times[-1], 0.0)
-        cfg.compile_graphs = compiled_graphs() - start
+        cfg.compile_graphs = graphs() - start
 
 
 def measure(configs: Sequence[Config], device: str, reps: int, warmup: int, seed: int = 0, compile: bool = False,
@@ -302,6 +303,7 @@ def measure(configs: Sequence[Config], device: str, reps: int, warmup: int, seed
     from tqdm.auto import tqdm
     timer = Timer(device)
     timed_graphs = {c.label: 0 for c in configs}
+    graphs = compiled_graphs if compile else (lambda: 0)   # dynamo is not imported for an eager run
     with torch.no_grad(), compile_settings(compile):
         for cfg in configs:
             warm_up(cfg, timer, warmup, seed, compile)
@@ -309,9 +311,9 @@ def measure(configs: Sequence[Config], device: str, reps: int, warmup: int, seed
         for r in tqdm(range(reps), desc="latency", disable=not progress):
             k = r % len(configs)
             for cfg in list(configs[k:]) + list(configs[:k]):   # rotated order
-                g0 = compiled_graphs() if compile else 0
+                g0 = graphs()
                 runs[cfg.label].append(timed_generation(cfg, timer, seed + 1 + r))
-                timed_graphs[cfg.label] += (compiled_graphs() - g0) if compile else 0
+                timed_graphs[cfg.label] += graphs() - g0
         out = {}
         for cfg in configs:
             total, scales, decode = zip(*runs[cfg.label])

@@ -356,26 +356,22 @@ def run(out: Path, stages=STAGES, progress: bool = True, eval_per_class: int = 5
         for stage, name in (("vqvae", "tiny-vqvae"), ("cnn", "feature-cnn"), ("var", "tiny-var")):
             if stage in stages:
                 warn_if_other_simd(name)
-    plan = []   # (stage, its keywords, the SIMD level of the child it needs, or None: runs here)
+    plan = []   # (stage, its keywords, its recipe's SIMD level, the level of the child it needs or None: here)
     for stage in STAGES:
         if stage in stages:
             isa = _STAGE_FNS[stage][1]()
             kwargs = {"progress": progress, **({"per_class": eval_per_class} if stage == "eval" else {})}
-            plan.append((stage, kwargs, isa if isa_pin and isa and not isa_pinned(isa) else None))
+            plan.append((stage, kwargs, isa, isa if isa_pin and isa and not isa_pinned(isa) else None))
     # consecutive stages pinned to one level share one child
-    for child_isa, group in itertools.groupby(plan, key=lambda p: p[2]):
+    for child_isa, group in itertools.groupby(plan, key=lambda p: p[3]):
         group = list(group)
         if child_isa:
-            _run_pinned(child_isa, out, [(stage, kwargs) for stage, kwargs, _ in group])
+            _run_pinned(child_isa, out, [(stage, kwargs) for stage, kwargs, _, _ in group])
             continue
-        for stage, kwargs, _ in group:
-            fn, isa_of = _STAGE_FNS[stage]
-            if not isa_pin and isa_of():
-                # trained with the machine's own kernels: the manifest must not claim the recipe's pin
-                with _unpinned(stage):
-                    fn(out, **kwargs)
-            else:
-                fn(out, **kwargs)
+        for stage, kwargs, isa, _ in group:
+            # --no-isa-pin: trained with the machine's own kernels, the manifest must not claim the recipe's pin
+            with _unpinned(stage) if not isa_pin and isa else contextlib.nullcontext():
+                _STAGE_FNS[stage][0](out, **kwargs)
 
 
 @contextlib.contextmanager

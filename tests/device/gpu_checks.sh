@@ -8,7 +8,7 @@
 #   latency  $LAT_MODEL (default var-d16, random weights), batch 1, CUDA events: dense vs magnitude 40 %
 #            (first: the working memory from allocator events against max_memory_allocated, within 1 %);
 #            with LAT_COMPILE=1 also dense under torch.compile (compile time reported apart; attention
-#            and FFN compiled per scale shape, 21 graphs for var-d16 on CPU, ~46 s there)
+#            and FFN compiled per scale shape, 21 graphs for var-d16 on CPU: 46 s, 15 s with inductor's cache warm)
 #   official the official VAR sampler beside varbench's on the same weights and seeds (same tokens?
 #            speed ratio); needs a FoundationVision/VAR checkout at $VAR_OFFICIAL (default .official/VAR,
 #            e.g. `git --git-dir=<VAR's git dir> archive HEAD | tar -x -C .official/VAR`, the folder
