@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 WORLD   ?= tiny
 
-.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard setup-browser figures tiny-models tiny-t2i mutation clean
+.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard setup-browser figures tiny-models tiny-t2i mutation mutation-tokens clean
 
 setup: $(STAMP)
 
@@ -64,6 +64,13 @@ mutation: setup
 	$(BIN)/mutmut run --max-children $(MUTMUT_JOBS)
 	$(BIN)/python tests/mutation/run.py
 	$(BIN)/python tests/mutation/run.py --recheck
+	$(BIN)/python tests/mutation/run.py --summary
+
+# Mutation score of the token methods (FastVAR, LazyVAR, StepVAR, ToMe: scoring, selection, restoration,
+# schedules), each function against its method's tests (tests/mutation/run.py --tokens). NOT part of
+# `make test` or `make mutation`: ~750 mutants, hours on 2 CPUs; `--only NAME` runs one function.
+mutation-tokens: setup
+	$(BIN)/python tests/mutation/run.py --tokens
 	$(BIN)/python tests/mutation/run.py --summary
 
 clean:

@@ -106,9 +106,6 @@ def select_group(scores: Sequence[torch.Tensor], hws: Sequence[Tuple[int, int]],
     claimed_BN = None
     for j in sorted(range(len(scores)), key=lambda j: -hws[j][0] * hws[j][1]):
         s_Bl, n = scores[j], n_keep[j]
-        if s_Bl.device.type == "meta":   # weight-free accounting: only the count matters
-            out[j] = torch.zeros(B, n, dtype=torch.long, device="meta")
-            continue
         own_N = owners(hws[j], HW, s_Bl.device)
         if cumulative and claimed_BN is not None:
             blocked_Bl = torch.zeros_like(s_Bl, dtype=torch.bool).scatter_reduce(

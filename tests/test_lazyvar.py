@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from bench.accounting import sampling_flops, t2i_sampling_flops
 from bench.models.policy import group_attn_bias
-from methods.lazyvar import owners, select_group, update_index
+from methods.lazyvar import LazyVARPolicy, owners, select_group, update_index
 from tests.test_token_methods import _apply
 from tests.test_token_methods_t2i import SCHEDULE, _sample, t2i  # noqa: F401  (fixture)
 
@@ -24,6 +24,11 @@ def test_update_index_is_one_minus_the_cosine_per_position():
         assert abs(u[i, j, k].item() - (1 - (va @ vb / va.norm() / vb.norm()).item())) < 1e-6
     assert torch.allclose(update_index(a.unsqueeze(2), b.unsqueeze(2)), u)   # Infinity's [B, d, 1, H, W]
     assert torch.allclose(update_index(a, 3 * a), torch.zeros(2, 4, 3), atol=1e-6)
+    # a cosine: latents of small norm give the same index; a position where f̂ is zero gives 1, not NaN
+    assert torch.allclose(update_index(1e-3 * a, 1e-3 * b), u, atol=1e-5)
+    a[1, :, 2, 0] = 0
+    u0 = update_index(a, b)
+    assert u0[1, 2, 0].item() == 1.0 and torch.isfinite(u0).all()
 
 
 def test_owners_tile_the_final_grid():
@@ -56,6 +61,46 @@ def test_cumulative_indices_never_assign_a_position_twice_within_a_group(hws, HW
     assert torch.equal(kept[-1], scores[-1].topk(n[-1], dim=1).indices.sort(dim=1).values)
     free = select_group(scores, hws, n, HW, cumulative=False)
     assert torch.stack([owned(k, hw) for k, hw in zip(free, hws)]).sum(0).max() > 1
+
+
+@pytest.mark.parametrize("cum", [True, False])
+def test_the_policy_keeps_its_groups_tokens_by_the_index_on_the_final_grid(cum):
+    """The policy's own selection, by hand on a non-square pyramid: n = round(keep·h·w) per scale; the
+    final grid is the last scale's; with cum the smaller scale takes its top tokens among those whose
+    footprint holds no position the larger one kept; without, its own top tokens."""
+    hws = [(1, 1), (2, 3), (3, 4), (4, 6)]
+    pol = LazyVARPolicy({2: 0.5, 3: 0.25}, hws, cum=cum)
+    pol.begin(2, hws)
+    g = torch.Generator().manual_seed(0)
+    idx = torch.rand(2, 4, 6, generator=g)
+    pol.index[1] = idx
+    pol.begin_group((2, 3), xs=None)
+    assert pol.kept[3].shape == (2, 6) and pol.kept[2].shape == (2, 6)   # round(.25·24), round(.5·12)
+    small = F.interpolate(idx.unsqueeze(1), size=(3, 4), mode="area").flatten(1)
+    for b in range(2):
+        top3 = set(idx[b].flatten().argsort(descending=True)[:6].tolist())
+        assert set(pol.kept[3][b].tolist()) == top3
+        free = [t for t in range(12) if not cum or not any(
+            (y * 3 // 4) * 4 + x * 4 // 6 == t for y, x in ((p // 6, p % 6) for p in top3))]
+        want = sorted(sorted(free, key=lambda t: -small[b, t].item())[:6])
+        assert pol.kept[2][b].tolist() == want
+        if cum:   # the footprints on the final grid are disjoint (here they would overlap without cum)
+            own = owners((3, 4), (4, 6), "cpu")
+            assert not any(own[p].item() in want for p in top3)
+            assert set(want) != set(small[b].argsort(descending=True)[:6].tolist())
+
+
+def test_the_policy_needs_the_index_before_its_group_and_pts_keeps_none():
+    hws = [(1, 1), (2, 2), (3, 3), (4, 4)]
+    pol = LazyVARPolicy({1: 0.5}, hws)
+    pol.begin(1, hws)
+    with pytest.raises(RuntimeError, match="no update index before scale 1"):
+        pol.begin_group((1,), xs=None)
+    pts = LazyVARPolicy({2: 0.5, 3: 0.5}, hws, criterion="pts")   # ranks by each scale's input instead
+    pts.begin(1, hws)
+    for si in range(4):
+        pts.observe(si, torch.randn(1, 3, 4, 4))
+    assert pts.index == {} and pts.prev is None   # no latent held, no index computed
 
 
 def test_group_mask_is_the_training_mask_of_those_scales(small_gen):

@@ -8,6 +8,7 @@ the target's tests with pytest (``-x -q -p no:cacheprovider``): a failing run ki
 passing run means it survived, a run past the time limit is a timeout. One worker.
 
     .venv/bin/python tests/mutation/run.py [--only SUBSTRING] [--list]
+    .venv/bin/python tests/mutation/run.py --tokens [--only SUBSTRING]   # the token methods (make mutation-tokens)
     .venv/bin/python tests/mutation/run.py --summary   # per-file score of mutmut's run + this one
 
 Results go to mutants/decorated-results.json (mutants/ is mutmut's work folder, git-ignored).
@@ -41,6 +42,25 @@ TARGETS = [
     ("bench.prune", "keep_channels", PRUNE_TESTS),
     ("methods.magnitude", "Magnitude.scores", ["tests/test_methods.py"]),
 ]
+# The token methods: each function with the tests of its method, chosen by pytest -k: the method's name
+# matches test_<method>.py and the parametrised ids of the shared token-method tests; StepVAR's unit
+# tests in tests/test_token_methods.py are named after what they test.
+TOKEN_TESTS = ["tests/test_fastvar.py", "tests/test_lazyvar.py", "tests/test_token_methods.py",
+               "tests/test_token_methods_t2i.py", "tests/test_token_methods_hart.py"]
+TOKEN_FUNCTIONS = {
+    "fastvar": ["pts_score", "parse_fractions", "parse_drop", "parse_layers", "FastVARPolicy.sublayer",
+                "FastVARPolicy.pivotal", "FastVARPolicy.restore_cached", "FastVARPolicy.begin_scale",
+                "FastVAR.schedule_for"],
+    "lazyvar": ["update_index", "downsample", "owners", "select_group", "LazyVARPolicy.groups",
+                "LazyVARPolicy._needs_index", "LazyVARPolicy.observe", "LazyVARPolicy.begin_group",
+                "LazyVARPolicy.enter_scale", "LazyVAR.schedule_for"],
+    "stepvar": ["texture_score", "structure_score", "unit_rank", "grid", "StepVARPolicy.scores",
+                "StepVARPolicy.enter_scale", "StepVARPolicy.exit_scale", "StepVAR.schedule_for"],
+    "tome": ["random2d_matching", "ToMePolicy.sublayer", "ToMe.apply"],
+}
+TOKEN_SELECT = {"stepvar": "stepvar or texture or structure or unit_rank or restoration or kept_set"}
+TOKEN_TARGETS = [(f"methods.{m}", fn, TOKEN_TESTS + ["-k", TOKEN_SELECT.get(m, m)])
+                 for m, fns in TOKEN_FUNCTIONS.items() for fn in fns]
 DESELECT = ["tests/test_methods.py::test_ft_lowers_the_training_loss"]
 
 SWAP_BIN = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
@@ -168,6 +188,7 @@ def run_tests(tests, fn=None, new_code=None, timeout=600.0, deselect=DESELECT):
 
 
 RESULTS = os.path.join("mutants", "decorated-results.json")
+TOKEN_RESULTS = os.path.join("mutants", "token-results.json")
 RECHECK = os.path.join("mutants", "recheck-results.json")
 # Second tier: the slow tests that [tool.mutmut] leaves out, run only on mutmut's survivors.
 SLOW_SAMPLING = ["tests/test_sampling.py::test_identity_policy_is_bit_identical_and_sees_every_sublayer",
@@ -245,9 +266,9 @@ def summary():
             c[st] = c.get(st, 0) + 1
             if not st.startswith("killed") and st != "caught by type check":
                 survivors.append(f"{st}: {name}")
-    if os.path.exists(RESULTS):
-        for r in json.load(open(RESULTS)):
-            c = per_file.setdefault(r["file"] + " (decorated, tests/mutation/run.py)", {})
+    for results, label in ((RESULTS, "decorated"), (TOKEN_RESULTS, "token methods")):
+        for r in (json.load(open(results)) if os.path.exists(results) else []):
+            c = per_file.setdefault(r["file"] + f" ({label}, tests/mutation/run.py)", {})
             c[r["status"]] = c.get(r["status"], 0) + 1
             if r["status"] != "killed":
                 survivors.append(f"{r['status']}: {r['tag']}")
@@ -269,6 +290,8 @@ def main():
     ap.add_argument("--summary", action="store_true", help="print the per-file scores and survivors, run nothing")
     ap.add_argument("--recheck", action="store_true", help="run the slow tests on mutmut's survivors")
     ap.add_argument("--only", default="", help="run only targets whose name contains this")
+    ap.add_argument("--tokens", action="store_true", help="the token methods' functions (FastVAR, LazyVAR, "
+                    "StepVAR, ToMe) instead of the decorated ones")
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     args = ap.parse_args()
     os.chdir(ROOT)
@@ -281,7 +304,7 @@ def main():
     torch.set_num_threads(1)
     totals = {}
     survivors, records = [], []
-    for module, qualname, tests in TARGETS:
+    for module, qualname, tests in (TOKEN_TARGETS if args.tokens else TARGETS):
         name = f"{module}.{qualname}"
         if args.only not in name:
             continue
@@ -322,7 +345,7 @@ def main():
         return
     if not args.only:
         os.makedirs("mutants", exist_ok=True)
-        with open(RESULTS, "w") as f:
+        with open(TOKEN_RESULTS if args.tokens else RESULTS, "w") as f:
             json.dump(records, f, indent=1)
     print("\nscore per function (killed / total):")
     all_k = all_t = 0
