@@ -13,7 +13,7 @@ At each pruned (late) scale, the scale's token map is scored once, before the fi
   * the two are combined by rank, score = α·rank(texture) + (1−α)·rank(structure), ranks scaled to
     [0, 1] (the paper says "combined ranking"; α = ``alpha``); the top ``L − int(L·drop)`` tokens
     are kept. ``score=hpf`` / ``score=pca`` use one criterion (the paper's ablations), ``score=random``
-    a uniformly random subset (its baseline; seeded per sampling call by ``seed``).
+    a uniformly random subset per image (its baseline; seeded per sampling call by ``seed``).
 The whole block stack then runs on the kept tokens only (attention and its KV cache included), and
 **nearest-neighbour propagation** rebuilds the dense map the head reads: every pruned position takes
 the output features of the nearest kept position on the h×w grid (Euclidean; ties go to the
@@ -22,7 +22,7 @@ neighbour") takes the inverse-distance-weighted mean of the 4 nearest kept posit
 
 The scored map x is the block stack's input at that scale: the embedded upsampled latent plus, for
 VAR, its learned position and level embeddings. Under CFG the conditional and unconditional rows
-share that input, hence the kept set.
+share that input, hence the kept set (``score=random`` draws one subset per image for both halves).
 """
 from __future__ import annotations
 
@@ -92,9 +92,10 @@ class StepVARPolicy(TokenPolicy):
         self.hw: Tuple[int, int] = (0, 0)
         self.scale_keep: Optional[torch.Tensor] = None
         self.rng: Optional[torch.Generator] = None
+        self.batch = 0   # images per sampling call (begin); 0: every row is an image
 
     def begin(self, batch: int, patch_nums) -> None:
-        self.rng = None   # created on first use, on the tensors' device
+        self.batch, self.rng = batch, None   # the generator is created on first use, on the tensors' device
 
     def begin_scale(self, si: int, pn) -> None:
         self.hw = tuple(pn) if isinstance(pn, (tuple, list)) else (pn, pn)
@@ -110,7 +111,10 @@ class StepVARPolicy(TokenPolicy):
                 return x_BLC.new_empty(B, L)
             if self.rng is None:
                 self.rng = torch.Generator(device=x_BLC.device).manual_seed(self.seed)
-            return torch.rand(B, L, generator=self.rng, device=x_BLC.device)
+            # one draw per image: under CFG the rows are the images' conditional, then unconditional
+            # halves, which share their kept set as they do under the scored criteria (same input)
+            images = self.batch or B
+            return torch.rand(images, L, generator=self.rng, device=x_BLC.device).repeat(B // images, 1)
         parts = []
         if self.score in ("hpf", "both"):
             tex = texture_score(x_BLC.transpose(1, 2).reshape(B, C, *self.hw), self.filter)

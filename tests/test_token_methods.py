@@ -1,12 +1,14 @@
 """StepVAR and ToMe (methods/stepvar.py, methods/tome.py): their pieces against written-out
 computations, the identity settings on sampled images, and what each changes in a sampling run."""
+import math
+
 import pytest
 import torch
 
 from bench.accounting import sampling_flops
 from bench.method import Context, apply_chain
 from methods.stepvar import StepVARPolicy, structure_score, texture_score, unit_rank
-from methods.tome import random2d_matching
+from methods.tome import ToMePolicy, random2d_matching
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -58,10 +60,11 @@ def test_texture_score_is_the_laplacian_energy_by_hand():
     assert texture_score(flat).abs().max() == 0 and texture_score(flat, "sobel").abs().max() == 0
 
 
+@pytest.mark.parametrize("scale", [1.0, 1e-3])          # small maps: eigenvalues well below 1
 @pytest.mark.parametrize("L,C", [(6, 10), (12, 4)])   # both eigenproblems (Gram and covariance)
-def test_structure_score_is_the_pca_projection_by_svd(L, C):
+def test_structure_score_is_the_pca_projection_by_svd(L, C, scale):
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(3, L, C, generator=g, dtype=torch.float64)
+    x = torch.randn(3, L, C, generator=g, dtype=torch.float64) * scale
     for k in (1, 2):
         xc = x - x.mean(1, keepdim=True)
         U, S, _ = torch.linalg.svd(xc, full_matrices=False)
@@ -71,6 +74,28 @@ def test_structure_score_is_the_pca_projection_by_svd(L, C):
 
 def test_unit_rank():
     assert unit_rank(torch.tensor([[3.0, 1.0, 2.0]])).tolist() == [[1.0, 0.0, 0.5]]
+    assert unit_rank(torch.tensor([[5.0]])).tolist() == [[0.0]]          # one token: rank 0, not 0/0
+    # ties rank in index order; 64+ values are long enough for an unstable CPU sort to reorder them
+    tied = torch.tensor([[1.0, 0.0] * 40])
+    want = torch.cat([torch.arange(40.0) + 40, torch.arange(40.0)], 0).view(2, 40).t().reshape(1, 80) / 79
+    assert torch.equal(unit_rank(tied), want)
+
+
+@pytest.mark.parametrize("score,alpha", [("both", 0.3), ("hpf", 0.3), ("pca", 0.3), ("both", 1.0)])
+def test_stepvar_scores_combine_the_two_ranks_by_alpha(score, alpha):
+    """score = α·rank(texture) + (1−α)·rank(structure); a single criterion uses its rank alone."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 12, 5, generator=g)
+    pol = StepVARPolicy({1: 0.5}, score=score, alpha=alpha, components=2)
+    pol.begin(2, (1, (3, 4)))
+    pol.begin_scale(1, (3, 4))
+    tex = unit_rank(texture_score(x.transpose(1, 2).reshape(2, 5, 3, 4)))
+    struct = unit_rank(structure_score(x, 2))
+    want = {"both": alpha * tex + (1 - alpha) * struct, "hpf": tex, "pca": struct}[score]
+    torch.testing.assert_close(pol.scores(x), want)
+    keep = pol.enter_scale(1, x)
+    assert keep.shape == (2, 6, 5)
+    assert torch.equal(pol.scale_keep, want.argsort(dim=1, descending=True, stable=True)[:, :6])
 
 
 def test_nearest_and_linear_restoration():
@@ -104,8 +129,32 @@ def test_nearest_and_linear_restoration():
     assert 0.0 < out[0, far, 0].item() < 3.0 and far not in keep
 
 
-def test_the_kept_set_is_shared_by_the_cfg_halves_and_the_kv_cache_holds_it(small_gen):
-    gen, _ = _apply(small_gen, "stepvar:drop=0.5")
+def test_linear_restoration_is_the_inverse_distance_mean_by_hand():
+    """Four kept tokens on a 4×4 map: every pruned position is Σ y_j/d_j / Σ 1/d_j over all four
+    (Euclidean grid distances); a kept position is its own output."""
+    keep = [5, 0, 15, 10]                               # in score order
+    pol = StepVARPolicy({0: 0.75}, restore="linear")
+    pol.begin(1, (4,))
+    pol.begin_scale(0, 4)
+    score = torch.zeros(1, 16)
+    score[0, keep] = torch.tensor([4.0, 3.0, 2.0, 1.0])
+    pol.scores = lambda x_BLC: score
+    pol.enter_scale(0, torch.randn(1, 16, 2))
+    assert pol.scale_keep.tolist() == [keep]
+    y = torch.randn(1, 4, 3, generator=torch.Generator().manual_seed(3))
+    out = pol.exit_scale(0, y)
+    for i in range(16):
+        if i in keep:
+            want = y[0, keep.index(i)]
+        else:
+            inv = [1 / math.hypot(i // 4 - k // 4, i % 4 - k % 4) for k in keep]
+            want = sum(w * y[0, j] for j, w in enumerate(inv)) / sum(inv)
+        torch.testing.assert_close(out[0, i], want, msg=f"position {i}")
+
+
+@pytest.mark.parametrize("score", ["both", "random"])
+def test_the_kept_set_is_shared_by_the_cfg_halves_and_the_kv_cache_holds_it(small_gen, score):
+    gen, _ = _apply(small_gen, f"stepvar:drop=0.5,score={score}")
     kept = {}
     orig = gen.token_policy.enter_scale
 
@@ -128,6 +177,39 @@ def test_the_kept_set_is_shared_by_the_cfg_halves_and_the_kv_cache_holds_it(smal
     assert appended == [pn * pn for pn in gen.patch_nums[:-1]] + [L // 2], "the KV cache must hold the kept tokens only"
 
 
+def test_stepvar_random_subsets_are_seeded_per_sampling_call_and_leave_the_global_rng_alone():
+    x = torch.randn(3, 16, 4)
+
+    def kept_sets(seed, calls=2):
+        pol, out = StepVARPolicy({1: 0.5}, score="random", seed=seed), []
+        for _ in range(calls):                       # one sampling call each
+            pol.begin(3, (1, 4))
+            pol.begin_scale(1, 4)
+            pol.enter_scale(1, x)
+            out.append(pol.scale_keep.clone())
+            pol.exit_scale(1, torch.zeros(3, 8, 4))
+        return out
+
+    state = torch.get_rng_state()
+    first, second = kept_sets(0)
+    assert torch.equal(torch.get_rng_state(), state), "the draws must come from the policy's own generator"
+    assert torch.equal(first, second), "every sampling call starts the seed's stream afresh"
+    assert len({tuple(sorted(k.tolist())) for k in first}) == 3, "each image draws its own subset"
+    torch.manual_seed(123)
+    assert torch.equal(kept_sets(0, 1)[0], first)
+    assert not torch.equal(kept_sets(1, 1)[0], first)
+
+
+def test_stepvar_ties_keep_the_earlier_token():
+    """Equal scores keep the tokens in index order (a stable sort: an unstable one reorders 64+ ties)."""
+    pol = StepVARPolicy({1: 0.5})
+    pol.begin(1, (1, 8))
+    pol.begin_scale(1, 8)
+    pol.scores = lambda x_BLC: torch.zeros(x_BLC.shape[:2])
+    pol.enter_scale(1, torch.randn(1, 64, 2))
+    assert pol.scale_keep.tolist() == [list(range(32))]
+
+
 def test_stepvar_errors(small_gen):
     with pytest.raises(ValueError, match="first scale must stay dense"):
         _apply(small_gen, "stepvar:drop=0/0/0/0/0.5")
@@ -136,11 +218,14 @@ def test_stepvar_errors(small_gen):
 
 
 # ------------------------------------------------------------------------------------- ToMe
-def _brute_tome(metric, x, y_fn, h, w, r):
-    """tomesd's random2d matching with top-left destinations, one row at a time, in plain loops."""
+def _brute_tome(metric, x, y_fn, h, w, r, cell=None):
+    """tomesd's random2d matching, one row at a time, in plain loops: window (a, b)'s destination is
+    its cell[a][b]-th token in raster order (None: the top-left one)."""
     out = torch.empty_like(x)
+    cell = cell if cell is not None else [[0] * (w // 2) for _ in range(h // 2)]
     for b in range(x.shape[0]):
-        dst = [i * w + j for i in range(0, h - h % 2, 2) for j in range(0, w - w % 2, 2)]
+        dst = sorted((i + cell[i // 2][j // 2] // 2) * w + j + cell[i // 2][j // 2] % 2
+                     for i in range(0, h - h % 2, 2) for j in range(0, w - w % 2, 2))
         src = [p for p in range(h * w) if p not in dst]
         m = metric[b] / metric[b].norm(dim=-1, keepdim=True)
         best = [max(range(len(dst)), key=lambda d: (m[s] @ m[dst[d]]).item()) for s in src]
@@ -161,20 +246,25 @@ def _brute_tome(metric, x, y_fn, h, w, r):
     return out
 
 
-@pytest.mark.parametrize("h,w,r", [(4, 4, 6), (5, 6, 9), (4, 4, 0)])
-def test_tome_merge_unmerge_against_loops(h, w, r):
+@pytest.mark.parametrize("seed", [None, 5, 6])   # top-left destinations, then random ones
+@pytest.mark.parametrize("h,w,r", [(4, 4, 6), (5, 6, 9), (4, 4, 0), (4, 6, 30)])   # r = 30: more than the sources
+def test_tome_merge_unmerge_against_loops(h, w, r, seed):
     g = torch.Generator().manual_seed(3)
-    N = h * w
+    N, n_dst = h * w, (h // 2) * (w // 2)
     metric, x = torch.randn(2, N, 8, generator=g), torch.randn(2, N, 5, generator=g)
     lin = torch.nn.Linear(5, 5)
-    merge, unmerge, pos = random2d_matching(metric, h, w, r)
-    merged = merge(x)
+    rng = None if seed is None else torch.Generator().manual_seed(seed)
+    cell = None if seed is None else torch.randint(4, (h // 2, w // 2), generator=torch.Generator().manual_seed(seed)).tolist()
+    merge, unmerge, pos = random2d_matching(metric, h, w, r, rng=rng)
+    merged, r = merge(x), min(r, N - n_dst)     # at most every source merges
     assert merged.shape == (2, N - r, 5) and pos.shape == (2, N - r)
-    n_unm = N - r - (h // 2) * (w // 2)   # the unmerged sources come first, at their own positions
+    n_unm = N - r - n_dst   # the unmerged sources come first, at their own positions
     torch.testing.assert_close(merged[:, :n_unm], x.gather(1, pos[:, :n_unm, None].expand(-1, -1, 5)))
     assert sorted(pos[0].tolist()) == sorted(set(pos[0].tolist())), "two merged tokens at one position"
+    windows = sorted((p // w // 2, p % w // 2) for p in pos[0, n_unm:].tolist())
+    assert windows == [(a, b) for a in range(h // 2) for b in range(w // 2)], "one destination per 2×2 window"
     with torch.no_grad():
-        torch.testing.assert_close(unmerge(lin(merged)), _brute_tome(metric, x, lin, h, w, r))
+        torch.testing.assert_close(unmerge(lin(merged)), _brute_tome(metric, x, lin, h, w, r, cell))
     if r == 0:
         assert torch.equal(unmerge(merge(x)), x)
 
@@ -186,8 +276,55 @@ def test_tome_random_destinations_are_seeded():
     assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], outs[2])
 
 
+def test_tome_policy_merges_by_the_residual_with_its_own_seeded_stream():
+    """The policy merges the sub-layer's input h by the residual x's similarity, r = int(L·ratio) tokens,
+    its destinations drawn from one generator per sampling call seeded with ``seed`` (never the global
+    RNG); other sub-layers and unlisted scales run unmerged."""
+    g = torch.Generator().manual_seed(0)
+    h, x = torch.randn(2, 16, 6, generator=g), torch.randn(2, 16, 6, generator=g)
+    lengths = []
+
+    def fn(t, keep_Bl=None):
+        lengths.append(t.shape[1])
+        return t * 2 + 1
+
+    pol, calls = ToMePolicy({1: 0.25}, kinds=("attn",), seed=7), []
+    state = torch.get_rng_state()
+    for _ in range(2):                               # two sampling calls, two sub-layers each
+        pol.begin(2, (1, 4))
+        pol.begin_scale(1, 4)
+        calls.append([pol.sublayer(1, "attn", b, h, fn, x_BLC=x) for b in range(2)])
+    assert torch.equal(torch.get_rng_state(), state), "the draws must come from the policy's own generator"
+    assert lengths == [12] * 4, "r = int(16 · 0.25) = 4 tokens merged away"
+    rng = torch.Generator().manual_seed(7)
+    for b in range(2):
+        merge, unmerge, _ = random2d_matching(x, 4, 4, 4, rng=rng)
+        for out in calls:
+            torch.testing.assert_close(out[b], unmerge(merge(h) * 2 + 1))
+    assert not torch.equal(calls[0][0], calls[0][1]), "the stream goes on within a sampling call"
+    fixed = ToMePolicy({1: 0.25}, use_rand=False)
+    fixed.begin(2, (1, 4))
+    fixed.begin_scale(1, 4)
+    merge, unmerge, _ = random2d_matching(x, 4, 4, 4)
+    torch.testing.assert_close(fixed.sublayer(1, "attn", 0, h, fn, x_BLC=x), unmerge(merge(h) * 2 + 1))
+    assert not torch.equal(fixed.sublayer(1, "attn", 0, h, fn, x_BLC=x), calls[0][0])
+    for si, kind in ((1, "ffn"), (0, "attn")):
+        assert torch.equal(pol.sublayer(si, kind, 0, h, fn, x_BLC=x), h * 2 + 1)
+
+
+@pytest.mark.parametrize("spec,ratios,kinds,note", [
+    ("tome", {3: 0.5, 4: 0.5}, {"attn"}, "tome: ratio 0.5 at 4×4, 8×8, merging attn"),
+    ("tome:ffn=true,scales=3,ratio=0.25,use_rand=false,seed=4", {2: 0.25, 3: 0.25, 4: 0.25}, {"attn", "ffn"},
+     "tome: ratio 0.25 at 3×3, 4×4, 8×8, merging attn and ffn")])
+def test_tome_apply_installs_its_policy_at_the_last_scales(small_gen, spec, ratios, kinds, note):
+    gen, ctx = _apply(small_gen, spec)
+    pol = gen.token_policy
+    assert (pol.ratio, set(pol.kinds), ctx.notes[0]) == (ratios, kinds, note)
+    assert (pol.use_rand, pol.seed) == (("use_rand=false" not in spec), (4 if "seed=4" in spec else 0))
+
+
 def test_tome_errors(small_gen):
-    with pytest.raises(ValueError, match="first must stay unmerged"):
+    with pytest.raises(ValueError, match="^tome: scales=5 but the model has 5 scales; the first must stay unmerged$"):
         _apply(small_gen, "tome:scales=5")
     from bench.spec import SpecError
     with pytest.raises(SpecError, match="out of range"):

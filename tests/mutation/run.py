@@ -11,7 +11,8 @@ passing run means it survived, a run past the time limit is a timeout. One worke
     .venv/bin/python tests/mutation/run.py --tokens [--only SUBSTRING]   # the token methods (make mutation-tokens)
     .venv/bin/python tests/mutation/run.py --summary   # per-file score of mutmut's run + this one
 
-Results go to mutants/decorated-results.json (mutants/ is mutmut's work folder, git-ignored).
+Results go to mutants/decorated-results.json, with --tokens to mutants/token-results.json (mutants/ is
+mutmut's work folder, git-ignored); a run with --only replaces its functions' results and keeps the rest.
 """
 from __future__ import annotations
 
@@ -338,22 +339,26 @@ def main():
             counts[status] = counts.get(status, 0) + 1
             tag = f"{os.path.relpath(path, ROOT)}:{line} {qualname}: {desc}"
             print(f"  {status:9s} {dt:5.1f}s  {tag}", flush=True)
-            records.append({"file": os.path.relpath(path, ROOT), "tag": tag, "status": status, "seconds": round(dt, 1)})
+            records.append({"file": os.path.relpath(path, ROOT), "function": qualname, "tag": tag,
+                            "status": status, "seconds": round(dt, 1)})
             if status != "killed":
                 survivors.append((status, tag))
     if args.list:
         return
-    if not args.only:
-        os.makedirs("mutants", exist_ok=True)
-        with open(TOKEN_RESULTS if args.tokens else RESULTS, "w") as f:
-            json.dump(records, f, indent=1)
+    # --only replaces the run functions' records and keeps the rest, so a long run can be done in parts
+    out = TOKEN_RESULTS if args.tokens else RESULTS
+    run = {(r["file"], r["function"]) for r in records}
+    kept = [r for r in (json.load(open(out)) if args.only and os.path.exists(out) else [])
+            if (r["file"], r.get("function", r["tag"].split(" ")[1].rstrip(":"))) not in run]
+    from bench.io import atomic_write_bytes
+    atomic_write_bytes(out, json.dumps(kept + records, indent=1).encode())
     print("\nscore per function (killed / total):")
     all_k = all_t = 0
     for key, c in totals.items():
         k, t = c.get("killed", 0) + c.get("killed by slow tests", 0), sum(c.values())
         all_k, all_t = all_k + k, all_t + t
         print(f"  {key}: {k}/{t} killed; " + ", ".join(f"{s} {n}" for s, n in sorted(c.items())))
-    print(f"mutation score (decorated functions): {all_k}/{all_t} killed")
+    print(f"mutation score ({'token methods' if args.tokens else 'decorated functions'}): {all_k}/{all_t} killed")
     print("not killed:")
     for status, tag in survivors:
         print(f"  {status}: {tag}")
