@@ -1,5 +1,7 @@
 """FastVAR (methods/fastvar.py): PTS + CTR checked by hand on one block, the identity setting, the
 schedules, scale skipping, weight-free FLOPs by formula, and the errors."""
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -163,8 +165,14 @@ def test_parsing_and_errors(small_gen):
             parse_drop(bad)
     with pytest.raises(ValueError, match="selects no block"):
         parse_layers("5:", 4)
-    with pytest.raises(ValueError, match="dense scale must come first"):
+    with pytest.raises(ValueError, match=re.escape(
+            "fastvar: drop=0/0/0/0/0.5 prunes 5 scales but the model has 5: at least one dense scale must come "
+            "first (the cache scale)")):
         _fastvar(small_gen, "fastvar:drop=0/0/0/0/0.5")
+    with pytest.raises(ValueError, match=re.escape(
+            "fastvar (infinity schedule): layers='3:-4' selects no block of 2 (a model of 2 blocks and 5 scales; "
+            "give layers=all or layers=a:b, or schedule=var: the last two scales, all blocks)")):
+        _fastvar(small_gen, "fastvar:schedule=infinity")
 
 
 def test_unsupported_generators_say_why():

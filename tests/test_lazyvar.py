@@ -1,6 +1,8 @@
 """LazyVAR (methods/lazyvar.py): the update index and the cumulative keep indices by hand, the group
 mask against the training mask, parallel group decoding against a teacher-forced pass built from the
 same latent (class-conditional VAR and the Infinity family), identity settings, FLOPs, errors."""
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -203,11 +205,44 @@ def test_lazyvar_on_the_infinity_family(t2i):  # noqa: F811
     assert (bits[4] < 0).any() and t2i_sampling_flops(gen, text_tokens=4) < dense
 
 
+def _squares(*pns):
+    return [(pn, pn) for pn in pns]
+
+
+@pytest.mark.parametrize("family,hws,keep,want", [
+    ("var", _squares(1, 2, 3, 4, 5, 6, 8, 10, 13, 16), "auto", {6: 0.2, 7: 0.1, 8: 0.05, 9: 0.01}),   # var-d16
+    ("var", _squares(1, 2, 3, 4, 5, 6, 8), "auto", {3: 0.2, 4: 0.1, 5: 0.05, 6: 0.01}),                # tiny-var
+    ("infinity", _squares(1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64), "auto",
+     {9: 0.2, 10: 0.1, 11: 0.05, 12: 0.01}),                                                           # Infinity 1024²
+    ("hart", _squares(*range(1, 15)), "auto", {12: 0.05, 13: 0.01}),
+    # both sides at least half the last's: 4×5 is tall enough but too narrow; the group's first ratios
+    ("var", [(1, 1), (2, 2), (3, 4), (4, 5), (6, 9), (8, 12)], "auto", {4: 0.2, 5: 0.1}),
+    ("var", [(1, 1), (2, 2), (3, 6), (4, 8), (8, 8)], "auto", {3: 0.2, 4: 0.1}),     # 3×6: too short
+    ("var", [(1, 1), (2, 2), (6, 3), (8, 4), (8, 8)], "auto", {3: 0.2, 4: 0.1}),     # 6×3: too narrow
+    ("var", [(1, 1), (2, 3), (2, 6), (3, 9), (4, 12)], "auto", {2: 0.2, 3: 0.1, 4: 0.05}),   # each side to its own
+    ("var", _squares(1, 2, 3, 4, 5, 6, 8), "0.3", {3: 0.3, 4: 0.3, 5: 0.3, 6: 0.3}),   # one value: the whole group
+    ("var", _squares(1, 2, 3, 4, 5, 6, 8), "0.5/0.1", {5: 0.5, 6: 0.1})])
+def test_the_schedule_groups_the_scales_at_least_half_as_wide_as_the_last(family, hws, keep, want):
+    from types import SimpleNamespace
+
+    from methods.lazyvar import LazyVAR
+    got, preset = LazyVAR(keep=keep).schedule_for(SimpleNamespace(family=family, blocks=[], scales_hw=hws))
+    assert (got, preset) == (want, family)
+
+
 def test_lazyvar_errors(small_gen):
+    from types import SimpleNamespace
+
+    from methods.lazyvar import LazyVAR
+    with pytest.raises(ValueError, match=re.escape(
+            "lazyvar: the var schedule has keep ratios for 4 scales but this model's group has 5: give "
+            "keep=a/b/… for its last scales")):
+        LazyVAR().schedule_for(SimpleNamespace(family="var", blocks=[], scales_hw=_squares(1, 2, 3, 4, 5, 6, 7, 8, 10)))
     from bench.spec import SpecError
     with pytest.raises(SpecError, match=r"in \[0, 1\]"):
         _apply(small_gen, "lazyvar:keep=0.2/1.5")
-    with pytest.raises(ValueError, match="at least two dense scales"):
+    with pytest.raises(ValueError, match=re.escape("lazyvar: keep=0.5/0.5/0.5/0.5 groups the last 4 scales but the model has 5: at least two dense "
+                                                   "scales must come first (the update index needs f̂ of two scales)")):
         _apply(small_gen, "lazyvar:keep=0.5/0.5/0.5/0.5")
     with pytest.raises(SpecError):
         _apply(small_gen, "lazyvar:criterion=ptss")
