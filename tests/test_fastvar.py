@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from bench.accounting import sampling_flops
 from bench.models.var import VAR
-from methods.fastvar import FastVARPolicy, parse_drop, parse_layers
+from methods.fastvar import FastVARPolicy, parse_drop, parse_layers, pts_score
 from tests.conftest import SMALL_VAR, randomize_
 from tests.test_token_methods import _apply
 
@@ -173,6 +173,67 @@ def test_parsing_and_errors(small_gen):
             "fastvar (infinity schedule): layers='3:-4' selects no block of 2 (a model of 2 blocks and 5 scales; "
             "give layers=all or layers=a:b, or schedule=var: the last two scales, all blocks)")):
         _fastvar(small_gen, "fastvar:schedule=infinity")
+
+
+def test_the_parsers_take_both_ends_of_the_ranges_and_name_what_they_refuse():
+    """Fractions 0 and 1 are in range (0 keeps a scale dense, 1 skips it), a run of trailing 1s is
+    allowed, and a 1 followed by anything else is not; a block range is 'all' or a slice whose either
+    end may be blank or negative, as Python's."""
+    assert parse_drop("0/1") == (0.0, 1.0) and parse_drop("1/1") == (1.0, 1.0)
+    assert parse_drop("0.5") == (0.5,) and parse_drop("0.5/1/1") == (0.5, 1.0, 1.0)
+    refused = {
+        "": "drop='' must be '/'-separated fractions, e.g. 0.5/0.75",
+        "-0.1": "drop='-0.1': every fraction must be in [0, 1]",
+        "1.01": "drop='1.01': every fraction must be in [0, 1]",
+        "0.5/1/0.5": "drop='0.5/1/0.5': a fraction of 1 skips the scale, so only trailing scales may have 1 "
+                     "(every scale after a skipped one is skipped)",
+    }
+    for text, msg in refused.items():
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            parse_drop(text)
+    every = (0, 1, 2, 3, 4, 5)
+    layers = {"all": every, ":": every, " : ": every, "2:": (2, 3, 4, 5), ":-1": (0, 1, 2, 3, 4), "-2:": (4, 5),
+              "1:3": (1, 2)}
+    for text, blocks in layers.items():
+        assert parse_layers(text, 6) == blocks, text
+    for text in ("3", "1:2:3", "a:b"):
+        with pytest.raises(ValueError, match=re.escape(
+                f"layers={text!r} must be 'all' or a slice 'a:b' of block indices, e.g. 3:-4")):
+            parse_layers(text, 6)
+    with pytest.raises(ValueError, match=re.escape("layers='4:2' selects no block of 6")):
+        parse_layers("4:2", 6)
+    # a bad value fails when the spec is built, named by the method, before any model is loaded
+    from methods.fastvar import FastVAR
+    with pytest.raises(ValueError, match=re.escape("fastvar: drop='1.5': every fraction must be in [0, 1]")):
+        FastVAR(drop="1.5")
+    with pytest.raises(ValueError, match=re.escape("fastvar: layers='x' must be 'all' or a slice")):
+        FastVAR(layers="x")
+    FastVAR(drop="0.4/0.5/1/1", layers="3:-4")   # and a good one passes
+
+
+@torch.no_grad()
+def test_ctr_on_a_non_square_pyramid_reads_each_map_as_height_by_width():
+    """Infinity's and HART's wide aspect ratios: the cache scale 2×3 restored onto 4×6 puts cached token
+    (y//2, x//2) at position (y, x) (area resizing by an exact factor of 2 repeats each token 2×2);
+    the kept tokens keep their own outputs."""
+    C = 2
+    pol = FastVARPolicy({1: 0.5}, cache_si=0, blocks=[0])
+    pol.begin(1, ((2, 3), (4, 6)))
+    pol.begin_scale(0, (2, 3))
+    cached = torch.arange(6.0).repeat_interleave(C).reshape(1, 6, C) * torch.tensor([1.0, 10.0])
+
+    def fn(h_BLC, keep_Bl=None):
+        return h_BLC
+
+    assert torch.equal(pol.sublayer(0, "attn", 0, cached, fn), cached)
+    pol.begin_scale(1, (4, 6))
+    h = torch.randn(1, 24, C, generator=torch.Generator().manual_seed(0))
+    out = pol.sublayer(1, "attn", 0, h, fn, x_BLC=h)
+    kept = set(pts_score(h)[0].argsort(descending=True)[:12].tolist())
+    for y in range(4):
+        for x in range(6):
+            want = h[0, y * 6 + x] if y * 6 + x in kept else cached[0, (y // 2) * 3 + x // 2]
+            assert torch.equal(out[0, y * 6 + x], want), (y, x)
 
 
 def test_unsupported_generators_say_why():

@@ -38,6 +38,21 @@ def test_owners_tile_the_final_grid():
         own = owners(hw, (64, 64), "cpu")
         counts = own.bincount(minlength=hw[0] * hw[1])
         assert own.numel() == 64 * 64 and (counts > 0).all()   # every token owns ≥ 1 position, each position 1 owner
+    # which token: the one whose nearest-neighbour upsampling covers the position (floor(y·h/H), floor(x·w/W)),
+    # on square, non-square and non-dividing grids
+    for hw, HW in [((3, 5), (64, 64)), ((2, 3), (4, 6)), ((3, 4), (5, 8)), ((5, 8), (5, 8)), ((1, 1), (3, 2))]:
+        ids = torch.arange(hw[0] * hw[1], dtype=torch.float32).reshape(1, 1, *hw)
+        want = F.interpolate(ids, size=HW, mode="nearest").flatten().long()
+        assert torch.equal(owners(hw, HW, "cpu"), want), (hw, HW)
+
+
+def test_the_groups_are_the_scales_before_one_group_and_after():
+    """pgd: the scales before the group one by one, the group as one step, any later scale one by one;
+    pgd=false: every scale alone (the group's tokens are still chosen together, at its first scale)."""
+    hws = [(1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6)]
+    assert LazyVARPolicy({3: 0.5, 4: 0.5, 5: 0.5}, hws).groups(6) == [(0,), (1,), (2,), (3, 4, 5)]
+    assert LazyVARPolicy({2: 0.5, 3: 0.5}, hws).groups(6) == [(0,), (1,), (2, 3), (4,), (5,)]
+    assert LazyVARPolicy({3: 0.5, 4: 0.5}, hws, pgd=False).groups(6) == [(si,) for si in range(6)]
 
 
 @pytest.mark.parametrize("hws,HW,keep", [(INFINITY_GROUP, (64, 64), (0.2, 0.1, 0.05, 0.01)),

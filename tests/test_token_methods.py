@@ -130,13 +130,15 @@ def test_nearest_and_linear_restoration():
     assert 0.0 < out[0, far, 0].item() < 3.0 and far not in keep
 
 
-def test_linear_restoration_is_the_inverse_distance_mean_by_hand():
-    """Four kept tokens on a 4×4 map: every pruned position is Σ y_j/d_j / Σ 1/d_j over all four
-    (Euclidean grid distances); a kept position is its own output."""
-    keep = [5, 0, 15, 10]                               # in score order
+@pytest.mark.parametrize("hw,keep", [(4, [5, 0, 15, 10]), ((2, 8), [3, 8, 15, 1])])
+def test_linear_restoration_is_the_inverse_distance_mean_by_hand(hw, keep):
+    """Four kept tokens (in score order) on a 4×4 and a 2×8 map: every pruned position is
+    Σ y_j/d_j / Σ 1/d_j over all four (Euclidean distances on the h×w grid); a kept position is its own
+    output."""
+    w = hw[1] if isinstance(hw, tuple) else hw
     pol = StepVARPolicy({0: 0.75}, restore="linear")
-    pol.begin(1, (4,))
-    pol.begin_scale(0, 4)
+    pol.begin(1, (hw,))
+    pol.begin_scale(0, hw)
     score = torch.zeros(1, 16)
     score[0, keep] = torch.tensor([4.0, 3.0, 2.0, 1.0])
     pol.scores = lambda x_BLC: score
@@ -148,7 +150,7 @@ def test_linear_restoration_is_the_inverse_distance_mean_by_hand():
         if i in keep:
             want = y[0, keep.index(i)]
         else:
-            inv = [1 / math.hypot(i // 4 - k // 4, i % 4 - k % 4) for k in keep]
+            inv = [1 / math.hypot(i // w - k // w, i % w - k % w) for k in keep]
             want = sum(w * y[0, j] for j, w in enumerate(inv)) / sum(inv)
         torch.testing.assert_close(out[0, i], want, msg=f"position {i}")
 
@@ -312,6 +314,12 @@ def test_tome_policy_merges_by_the_residual_with_its_own_seeded_stream():
     assert not torch.equal(fixed.sublayer(1, "attn", 0, h, fn, x_BLC=x), calls[0][0])
     for si, kind in ((1, "ffn"), (0, "attn")):
         assert torch.equal(pol.sublayer(si, kind, 0, h, fn, x_BLC=x), h * 2 + 1)
+    # a wide 2×8 map: 2×2 windows along its rows (destinations 0, 2, 4, 6 without draws), not along 8 rows
+    wide = ToMePolicy({1: 0.25}, use_rand=False)
+    wide.begin(2, (1, (2, 8)))
+    wide.begin_scale(1, (2, 8))
+    merge, unmerge, _ = random2d_matching(x, 2, 8, 4)
+    torch.testing.assert_close(wide.sublayer(1, "attn", 0, h, fn, x_BLC=x), unmerge(merge(h) * 2 + 1))
 
 
 @pytest.mark.parametrize("spec,ratios,kinds,note", [
@@ -323,6 +331,25 @@ def test_tome_apply_installs_its_policy_at_the_last_scales(small_gen, spec, rati
     pol = gen.token_policy
     assert (pol.ratio, set(pol.kinds), ctx.notes[0]) == (ratios, kinds, note)
     assert (pol.use_rand, pol.seed) == (("use_rand=false" not in spec), (4 if "seed=4" in spec else 0))
+
+
+@pytest.mark.parametrize("method,note", [
+    ("tome", "tome: ratio 0.5 at 4×6, 5×8, merging attn"),
+    ("fastvar", "fastvar (var schedule): drop {4×6: 0.5, 5×8: 0.75}, cache at 3×4, all blocks"),
+    ("lazyvar", "lazyvar (var schedule): keep {3×4: 0.2, 4×6: 0.1, 5×8: 0.05}, one group (parallel decoding), "
+                "cum=on, criterion=update"),
+    ("stepvar", "stepvar: drop {4×6: 0.5, 5×8: 0.75}, score=both, restore=nearest")])
+def test_the_notes_name_each_scale_height_by_width_on_a_non_square_pyramid(method, note):
+    """What a record's notes say of the schedule: on a pyramid of wide scales (as Infinity's and HART's
+    non-square aspect ratios), each scale is written h×w, the installed policy's own scales."""
+    from types import SimpleNamespace
+
+    from bench.registry import METHODS
+    gen = SimpleNamespace(family="var", blocks=[0, 1], scales_hw=[(1, 1), (1, 2), (2, 3), (3, 4), (4, 6), (5, 8)],
+                          token_policy=None)
+    ctx = SimpleNamespace(notes=[])
+    METHODS.get(method)().apply(gen, ctx)
+    assert ctx.notes == [note] and gen.token_policy.name == method
 
 
 def test_tome_errors(small_gen):
