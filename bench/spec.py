@@ -151,7 +151,7 @@ def resolve_params(name: str, given: Mapping[str, Any]) -> Dict[str, Any]:
     for k in given:
         if k not in decl:
             close = difflib.get_close_matches(k, list(decl), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = f"; did you mean {close[0]!r}?" if close else "."
             raise SpecError(f"method {name!r} has no parameter {k!r}{hint} Parameters: {', '.join(decl) or '(none)'}")
     out: Dict[str, Any] = {}
     for key, d in decl.items():
@@ -164,7 +164,9 @@ def resolve_params(name: str, given: Mapping[str, Any]) -> Dict[str, Any]:
         if (lo is not None and val < lo) or (hi is not None and val > hi):
             raise SpecError(f"{name}: parameter {key}={val} out of range [{lo}, {hi}]")
         if choices is not None and val not in choices:
-            raise SpecError(f"{name}: parameter {key}={val!r} must be one of {', '.join(map(str, choices))}")
+            close = difflib.get_close_matches(str(val), list(map(str, choices)), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise SpecError(f"{name}: parameter {key}={val!r} must be one of {', '.join(map(str, choices))}{hint}")
         out[key] = val
     return out
 

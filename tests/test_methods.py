@@ -1,4 +1,6 @@
 """Method interface, parameter checking, structured pruning and fine-tuning on a small model."""
+import re
+
 import pytest
 import torch
 
@@ -56,8 +58,14 @@ def test_method_parameters_are_checked():
         build_method("magnitude:sparsity=1.5")
     with pytest.raises(ValueError, match="did you mean 'sparsity'"):
         build_method("magnitude:sparsty=0.4")
-    with pytest.raises(ValueError, match="must be one of"):
+    with pytest.raises(ValueError, match=re.escape("magnitude: parameter norm='l3' must be one of l1, l2")):
         build_method("magnitude:norm=l3")
+    with pytest.raises(ValueError, match=re.escape(
+            "stepvar: parameter score='hpff' must be one of both, hpf, pca, random; did you mean 'hpf'?")):
+        build_method("stepvar:score=hpff")
+    with pytest.raises(ValueError, match=re.escape(
+            "method 'magnitude' has no parameter 'zzz'. Parameters: sparsity, norm, scope, schedule")):
+        build_method("magnitude:zzz=1")
     with pytest.raises(UnknownNameError, match="did you mean 'magnitude'"):
         build_method("magnitud:sparsity=0.4")
 
