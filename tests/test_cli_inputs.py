@@ -130,8 +130,9 @@ def test_two_token_methods_in_one_chain_are_a_clear_error(monkeypatch):
 
 def test_device_is_checked_before_any_work(tmp_path, capsys):
     import torch
-    assert main(["run", "--model", "tiny-var", "--n", "12", "--device", "banana", "--results", str(tmp_path)]) == 2
-    assert "--device 'banana'" in capsys.readouterr().err
+    for bad in ("banana", "mps", "meta", "cuda:x"):
+        assert main(["run", "--model", "tiny-var", "--n", "12", "--device", bad, "--results", str(tmp_path)]) == 2
+        assert f"--device {bad!r}: must be cpu, cuda or cuda:N\n" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert main(["run", "--model", "tiny-var", "--n", "12", "--device", "cuda", "--results", str(tmp_path)]) == 2
         assert "CUDA is not available" in capsys.readouterr().err

@@ -33,8 +33,10 @@ def device_for(args, world: str) -> str:
     dev = args.device or ("cuda" if world == "paper" and torch.cuda.is_available() else "cpu")
     try:
         d = torch.device(dev)
-    except RuntimeError as e:
-        raise ValueError(f"--device {dev!r}: {e}") from None
+    except RuntimeError:
+        d = None
+    if d is None or d.type not in ("cpu", "cuda"):   # torch knows ~20 device types; varbench runs on two
+        raise ValueError(f"--device {dev!r}: must be cpu, cuda or cuda:N")
     if d.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {dev}: CUDA is not available on this machine (use --device cpu)")
     return dev
