@@ -53,6 +53,13 @@ def test_the_groups_are_the_scales_before_one_group_and_after():
     assert LazyVARPolicy({3: 0.5, 4: 0.5, 5: 0.5}, hws).groups(6) == [(0,), (1,), (2,), (3, 4, 5)]
     assert LazyVARPolicy({2: 0.5, 3: 0.5}, hws).groups(6) == [(0,), (1,), (2, 3), (4,), (5,)]
     assert LazyVARPolicy({3: 0.5, 4: 0.5}, hws, pgd=False).groups(6) == [(si,) for si in range(6)]
+    # scale_keep always describes the scale just entered: a dense scale after a pruned one keeps all
+    pol = LazyVARPolicy({2: 0.5, 3: 0.5}, hws)
+    pol.begin(1, hws)
+    pol.kept = {2: torch.tensor([[0, 3]]), 3: torch.tensor([[1, 2]])}
+    assert pol.enter_scale(3, torch.randn(2, 9, 4)).shape == (2, 2, 4) and pol.scale_keep.tolist() == [[1, 2]] * 2
+    x = torch.randn(2, 16, 4)
+    assert pol.enter_scale(4, x) is x and pol.scale_keep is None
 
 
 @pytest.mark.parametrize("hws,HW,keep", [(INFINITY_GROUP, (64, 64), (0.2, 0.1, 0.05, 0.01)),
@@ -78,6 +85,53 @@ def test_cumulative_indices_never_assign_a_position_twice_within_a_group(hws, HW
     assert torch.equal(kept[-1], scores[-1].topk(n[-1], dim=1).indices.sort(dim=1).values)
     free = select_group(scores, hws, n, HW, cumulative=False)
     assert torch.stack([owned(k, hw) for k, hw in zip(free, hws)]).sum(0).max() > 1
+
+
+@pytest.mark.parametrize("hws,HW,n", [(((2, 3), (2, 4), (3, 6)), (3, 6), (3, 4, 6)),
+                                      (((1, 3), (2, 3), (2, 5), (4, 5)), (4, 5), (1, 3, 5, 6))])
+def test_cumulative_selection_serves_the_larger_area_first_also_between_scales_of_one_height(hws, HW, n):
+    """The cumulative rule written as loops: scales by decreasing area (h·w, so that of two scales with
+    one height the wider goes first), each taking its top-n tokens among those whose footprint on the
+    final grid holds no position an earlier (larger) scale kept; where fewer than n are free (both
+    cases here), it fills up with its best blocked tokens."""
+    g = torch.Generator().manual_seed(1)
+    scores = [torch.rand(2, h * w, generator=g) for h, w in hws]
+    got = select_group(scores, hws, n, HW, cumulative=True)
+    H, W = HW
+    overflow = False
+    for b in range(2):
+        claimed = set()
+        for j in sorted(range(len(hws)), key=lambda j: -hws[j][0] * hws[j][1]):
+            (h, w), s = hws[j], scores[j][b]
+            owner = {(y, x): (y * h // H) * w + x * w // W for y in range(H) for x in range(W)}
+            blocked = {owner[p] for p in claimed}
+            by_score = sorted(range(h * w), key=lambda t: -s[t].item())
+            free = [t for t in by_score if t not in blocked]
+            want = sorted((free + [t for t in by_score if t in blocked])[:n[j]])
+            overflow |= len(free) < n[j]
+            assert got[j][b].tolist() == want, (hws[j], b)
+            claimed |= {p for p, t in owner.items() if t in want}
+    assert overflow, "the case should reach the fill-up"
+
+
+@pytest.mark.parametrize("cum", [True, False])
+def test_equal_scores_are_kept_in_position_order(cum):
+    """Ties (a piecewise-constant index) resolve to the lower position, for every scale and both rules:
+    the largest scale of a flat map keeps its first n tokens, the smaller one its first free ones."""
+    hws, HW = ((2, 2), (4, 4)), (4, 4)
+    scores = [torch.zeros(1, 4), torch.ones(1, 16)]
+    scores[1][0, 12:] = 2.0                      # four clear winners, then a tie for the fifth among 12
+    small, large = select_group(scores, hws, (1, 5), HW, cumulative=cum)
+    assert large.tolist() == [[0, 12, 13, 14, 15]]
+    # with cum, 2×2 tokens 0 (positions 0, 1, 4, 5), 2 and 3 (positions 12-15) are blocked: 1 is free
+    assert small.tolist() == ([[1]] if cum else [[0]])
+    # two to keep, one free: the free one, then the first blocked one of the tie
+    assert select_group(scores, hws, (2, 5), HW, cumulative=cum)[0].tolist() == [[0, 1]]
+    # at Infinity's size (a flat 32², 64² group), where an unstable sort no longer keeps position order
+    small, large = select_group([torch.zeros(2, 1024), torch.ones(2, 4096)], ((32, 32), (64, 64)), (10, 100),
+                                (64, 64), cumulative=cum)
+    assert large.tolist() == [list(range(100))] * 2
+    assert small.tolist() == [list(range(32, 42)) if cum else list(range(10))] * 2   # row 0 of 32² is blocked
 
 
 @pytest.mark.parametrize("cum", [True, False])
@@ -111,7 +165,8 @@ def test_the_policy_needs_the_index_before_its_group_and_pts_keeps_none():
     hws = [(1, 1), (2, 2), (3, 3), (4, 4)]
     pol = LazyVARPolicy({1: 0.5}, hws)
     pol.begin(1, hws)
-    with pytest.raises(RuntimeError, match="no update index before scale 1"):
+    with pytest.raises(RuntimeError, match=re.escape(
+            "lazyvar: no update index before scale 1 (it needs two earlier scales)")):
         pol.begin_group((1,), xs=None)
     pts = LazyVARPolicy({2: 0.5, 3: 0.5}, hws, criterion="pts")   # ranks by each scale's input instead
     pts.begin(1, hws)
