@@ -155,6 +155,32 @@ def test_linear_restoration_is_the_inverse_distance_mean_by_hand(hw, keep):
         torch.testing.assert_close(out[0, i], want, msg=f"position {i}")
 
 
+def test_linear_restoration_breaks_ties_for_the_fourth_neighbour_by_score():
+    """16 of 64 tokens kept at random on 8×8: each pruned position averages its 4 nearest by
+    (distance, kept order), the kept order being the score order; the case has ties at the 4th place."""
+    g = torch.Generator().manual_seed(2)
+    keep = torch.randperm(64, generator=g)[:16].tolist()          # in score order
+    pol = StepVARPolicy({0: 0.75}, restore="linear")
+    pol.begin(1, (8,))
+    pol.begin_scale(0, 8)
+    score = torch.zeros(1, 64)
+    score[0, keep] = torch.arange(16, 0, -1, dtype=torch.float32)
+    pol.scores = lambda x_BLC: score
+    pol.enter_scale(0, torch.randn(1, 64, 2))
+    assert pol.scale_keep.tolist() == [keep]
+    y = torch.randn(1, 16, 3, generator=g)
+    out = pol.exit_scale(0, y)
+    ties = 0
+    for i in (i for i in range(64) if i not in keep):
+        d2 = [(i // 8 - k // 8) ** 2 + (i % 8 - k % 8) ** 2 for k in keep]
+        near = sorted(range(16), key=lambda j: (d2[j], j))
+        ties += d2[near[3]] == d2[near[4]]
+        inv = [1 / math.sqrt(d2[j]) for j in near[:4]]
+        want = sum(w * y[0, j] for j, w in zip(near[:4], inv)) / sum(inv)
+        torch.testing.assert_close(out[0, i], want, msg=f"position {i}")
+    assert ties == 16, ties   # pruned positions whose 4th and 5th nearest are equally far
+
+
 @pytest.mark.parametrize("score", ["both", "random"])
 def test_the_kept_set_is_shared_by_the_cfg_halves_and_the_kv_cache_holds_it(small_gen, score):
     gen, _ = _apply(small_gen, f"stepvar:drop=0.5,score={score}")
