@@ -200,7 +200,8 @@ class LazyVAR(TokenMethod):
         "re-implemented from the paper (no public code): the update index is a per-position cosine over the "
         "latent channels on the final grid, area-downsampled to each scale; n_k = round(keep·h·w)",
         "cumulative keep indices are exact (a scale takes its top tokens among those whose final-grid footprint "
-        "no larger scale of the group kept) where the paper offsets ranks by cum_i",
+        "no larger scale of the group kept; equal indices in position order; a scale left with fewer free tokens "
+        "than it keeps fills up with its best blocked ones) where the paper offsets ranks by cum_i",
         "schedules are relative to the model's scale list (the group: scales at least half as wide as the last); "
         "class-conditional VAR has no LazyVAR setting and uses Infinity's",
         "VAR: a pruned position's zero residual still passes φ (its bias and 3×3 neighbours) after the upsampling",
