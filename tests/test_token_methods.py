@@ -151,7 +151,7 @@ def test_linear_restoration_is_the_inverse_distance_mean_by_hand(hw, keep):
             want = y[0, keep.index(i)]
         else:
             inv = [1 / math.hypot(i // w - k // w, i % w - k % w) for k in keep]
-            want = sum(w * y[0, j] for j, w in enumerate(inv)) / sum(inv)
+            want = sum(wt * y[0, j] for j, wt in enumerate(inv)) / sum(inv)
         torch.testing.assert_close(out[0, i], want, msg=f"position {i}")
 
 
@@ -176,7 +176,7 @@ def test_linear_restoration_breaks_ties_for_the_fourth_neighbour_by_score():
         near = sorted(range(16), key=lambda j: (d2[j], j))
         ties += d2[near[3]] == d2[near[4]]
         inv = [1 / math.sqrt(d2[j]) for j in near[:4]]
-        want = sum(w * y[0, j] for j, w in zip(near[:4], inv)) / sum(inv)
+        want = sum(wt * y[0, j] for j, wt in zip(near[:4], inv)) / sum(inv)
         torch.testing.assert_close(out[0, i], want, msg=f"position {i}")
     assert ties == 16, ties   # pruned positions whose 4th and 5th nearest are equally far
 

@@ -348,7 +348,11 @@ def main():
     # --only replaces the run functions' records and keeps the rest, so a long run can be done in parts
     out = TOKEN_RESULTS if args.tokens else RESULTS
     run = {(r["file"], r["function"]) for r in records}
-    kept = [r for r in (json.load(open(out)) if args.only and os.path.exists(out) else [])
+    earlier = []
+    if args.only and os.path.exists(out):
+        with open(out) as f:
+            earlier = json.load(f)
+    kept = [r for r in earlier
             if (r["file"], r.get("function", r["tag"].split(" ")[1].rstrip(":"))) not in run]
     from bench.io import atomic_write_bytes
     atomic_write_bytes(out, json.dumps(kept + records, indent=1).encode())
