@@ -8,13 +8,15 @@ Used by records, rendered tables, the feature CNN and the training recipes. Torc
 - ``save_png`` / ``read_image``: image files of sample folders (lossless PNG, written atomically; read
   back as uint8 [3, H, W] bit for bit).
 - ``check_writable_dir``: fail before hours of work, not after, when an output folder cannot be used.
-- ``git_commit`` / ``git_dirty``: the varbench checkout a result came from (``"unknown"`` / None
-  outside a git checkout, e.g. after ``pip install``).
+- ``git_commit`` / ``git_dirty``: the varbench checkout a result came from. An installed copy (``pip
+  install .``, a wheel) reports the commit it was built from, which the build wrote into
+  ``bench/_build_info.json`` (setup.py); ``"unknown"`` / None when neither is there (a build without git).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 import tempfile
@@ -146,16 +148,36 @@ def _git(*args: str) -> Optional[str]:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+BUILD_INFO = PACKAGE_ROOT / "_build_info.json"   # written by setup.py's build_py into an installed copy only
+
+
+def build_info() -> dict:
+    """What the build of an installed copy recorded (``git_commit``, ``git_dirty``, ``built``); {} if none.
+
+    A damaged file counts as none: provenance must never stop a run, and "unknown" is the honest answer.
+    """
+    try:
+        info = json.loads(BUILD_INFO.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(info, dict) or not isinstance(info.get("git_commit"), str) \
+            or not re.fullmatch(r"[0-9a-f]{40}", info["git_commit"]):
+        return {}
+    return info
+
+
 def git_commit() -> str:
-    """``git rev-parse HEAD`` of the varbench checkout, or ``"unknown"`` outside a git checkout."""
+    """The commit of the varbench checkout; in an installed copy, the commit it was built from; else ``"unknown"``."""
     if not (SOURCE_ROOT / ".git").exists():
-        return "unknown"   # an installed copy: do not report the commit of whatever repo we sit in
+        # an installed copy: never the commit of whatever repository site-packages sits in
+        return build_info().get("git_commit", "unknown")
     return _git("rev-parse", "HEAD") or "unknown"
 
 
 def git_dirty() -> Optional[bool]:
-    """True if tracked files differ from HEAD, None when unknown."""
+    """True if tracked files differ from HEAD (at build time for an installed copy), None when unknown."""
     if not (SOURCE_ROOT / ".git").exists():
-        return None
+        dirty = build_info().get("git_dirty")
+        return dirty if isinstance(dirty, bool) else None
     status = _git("status", "--porcelain", "--untracked-files=no")
     return None if status is None else bool(status)

@@ -41,7 +41,7 @@ A record is one JSON object::
         "torch": "2.4.1", "python": "3.11.7", "platform": "Linux-…",
         "device": "cpu" | "NVIDIA H200",
         "git_commit": "40 hex" | "unknown", "git_dirty": true | false | null,
-        "versions": {"torch": "…", "torch-fidelity": "…", "numpy": "…"}  # null if absent
+        "versions": {"varbench": "…", "torch": "…", "torch-fidelity": "…", "numpy": "…"}  # null if absent
       },
       "timings": {"load_s": 1.2, "methods_s": 3.4, "sample_s": 30.0, "metrics_s": 5.0, "total_s": 40.0},
                                         # (+ "original_s": sampling/reading the original's images, fidelity runs;
@@ -94,7 +94,7 @@ from bench.spec import canonical_method
 
 SCHEMA_VERSION = 2
 
-VERSIONED_PACKAGES = ("torch", "torch-fidelity", "numpy")
+VERSIONED_PACKAGES = ("varbench", "torch", "torch-fidelity", "numpy")
 
 _KEY_FIELDS = ("world", "model", "ckpt", "methods", "method_versions", "bench", "protocol", "n", "seed", "sampling")
 _SPEC_KEYS = _KEY_FIELDS + ("requested",)

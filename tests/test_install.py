@@ -28,6 +28,13 @@ def test_wheel_install_runs_from_an_empty_folder(tmp_path):
                             "print(r.resource_dir('tables'))"], cwd=work, env=env, capture_output=True, text=True)
     module, tables = where.stdout.split()
     assert module.startswith(str(site)) and tables.startswith(str(site)), "not testing the installed copy"
+    # the installed copy's records name the commit it was built from (setup.py stamps it), not "unknown"
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    env_of = subprocess.run([sys.executable, "-c", "import json, bench.records as R; print(json.dumps(R.environment()))"],
+                            cwd=work, env=env, capture_output=True, text=True)
+    rec_env = json.loads(env_of.stdout)
+    assert rec_env["git_commit"] == head and isinstance(rec_env["git_dirty"], bool), rec_env
+    assert rec_env["versions"]["varbench"], rec_env
     assert {"evar-table1", "evar-table2", "evar-table3", "evar-table4", "evar-table5", "lazyvar-table1",
             "fastvar-table3"} <= set(vb("list", "tables").split())
     # figure specs travel too: with no records a figure says which records it needs

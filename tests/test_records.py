@@ -99,10 +99,35 @@ def test_make_record_follows_the_schema():
     assert rec["metrics"]["fid"]["stderr"] == 0.3
     env = rec["env"]
     assert {"torch", "python", "platform", "device", "git_commit", "versions"} <= set(env)
-    assert set(env["versions"]) == {"torch", "torch-fidelity", "numpy"}
+    assert set(env["versions"]) == {"varbench", "torch", "torch-fidelity", "numpy"}
+    assert env["versions"]["varbench"]   # the package itself, installed editable or not
     assert env["git_commit"] == "unknown" or re.fullmatch(r"[0-9a-f]{40}", env["git_commit"])
     assert rec["created"].endswith("+00:00") and rec["notes"] == ["a deviation"]
     json.dumps(rec, allow_nan=False)
+
+
+def test_an_installed_copy_reports_the_commit_its_build_recorded(tmp_path, monkeypatch):
+    import bench.io as io
+    site = tmp_path / "site"          # no .git here: an installed copy
+    site.mkdir()
+    info = site / "_build_info.json"
+    monkeypatch.setattr(io, "SOURCE_ROOT", site)
+    monkeypatch.setattr(io, "BUILD_INFO", info)
+    assert (io.git_commit(), io.git_dirty()) == ("unknown", None)        # built without git: no stamp
+    info.write_text(json.dumps({"git_commit": "a1" * 20, "git_dirty": False, "built": "2026-12-04T00:00:00+00:00"}))
+    assert (io.git_commit(), io.git_dirty()) == ("a1" * 20, False)
+    assert R.environment()["git_commit"] == "a1" * 20
+    # a damaged stamp is no stamp: provenance never stops a run, and never invents a commit
+    for bad in ("{", "[]", json.dumps({"git_commit": "HEAD"}), json.dumps({"git_commit": "A1" * 20}),
+                json.dumps({"git_commit": "a1" * 19})):
+        info.write_text(bad)
+        assert (io.git_commit(), io.git_dirty()) == ("unknown", None), bad
+    info.write_text(json.dumps({"git_commit": "a1" * 20, "git_dirty": "yes"}))
+    assert (io.git_commit(), io.git_dirty()) == ("a1" * 20, None)
+    # a checkout asks git, whatever a stale stamp says
+    monkeypatch.setattr(io, "SOURCE_ROOT", REPO)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert io.git_commit() == head != "a1" * 20
 
 
 def test_write_read_find_roundtrip(tmp_path):
