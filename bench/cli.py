@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--batch", type=int, default=1, help="images per generation (default 1: latency of one image)")
     sp.add_argument("--reps", type=int, default=10, help="timed generations per configuration, ≥ 3 (default 10)")
     sp.add_argument("--warmup", type=int, default=2, help="untimed generations first, ≥ 1 (default 2)")
-    sp.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: all cores); recorded")
+    sp.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: every CPU this process may use); recorded")
     sp.add_argument("--compile", action="store_true", help="wrap each block's attention and FFN in torch.compile "
                     "(static shapes; warm-up goes on until nothing new compiles; compile time and graph count "
                     "reported separately)")

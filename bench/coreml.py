@@ -36,6 +36,7 @@ import math
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -192,11 +193,16 @@ class MissingDependency(ValueError):
 
 def _ct():
     import logging
+    log = logging.getLogger("coremltools")
+    if sys.platform != "darwin":
+        # before the import: off macOS it logs "Failed to load _MLModelAssetProxy" (no Core ML runtime
+        # there, by design); on macOS that line would be a real fault, so it stays visible
+        log.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings():   # "Torch version … has not been tested", absent macOS runtime
+        with warnings.catch_warnings():   # "Torch version … has not been tested"
             warnings.simplefilter("ignore")
             import coremltools as ct
-        logging.getLogger("coremltools").setLevel(logging.ERROR)
+        log.setLevel(logging.ERROR)
     except ImportError:
         raise MissingDependency("Core ML export and op counts need coremltools: pip install 'coremltools>=8'") from None
     return ct

@@ -333,8 +333,11 @@ def measure(configs: Sequence[Config], device: str, reps: int, warmup: int, seed
 
 def thread_info() -> Dict[str, object]:
     import torch
+
+    from bench.benches.latency import available_cpus
     return {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(),
-            "cpu_count": os.cpu_count(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+            "cpu_count": os.cpu_count(), "cpus_available": available_cpus(),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
 
 
 # ------------------------------------------------------------------------------------------ runs → records

@@ -1,5 +1,6 @@
 """The latency bench: statistics, alternation, records, staleness, and bad input."""
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -217,6 +218,7 @@ def test_cli_compares_two_chains_writes_records_and_reuses_them(tmp_path, capsys
         assert len(r["cost"]["per_scale_ms"]) == 7 and r["cost"]["decode_ms"] > 0
         assert len(r["cost"]["scale_flops"]) == 7 and r["cost"]["scale_passes"] == [True] * 7
         assert r["cost"]["threads"]["intra_op"] == 1
+        assert r["cost"]["threads"]["cpus_available"] == len(os.sched_getaffinity(0))
     pruned = next(r for r in recs if r["spec"]["methods"])
     dense = next(r for r in recs if not r["spec"]["methods"])
     assert pruned["cost"]["params"] < dense["cost"]["params"]
@@ -528,3 +530,26 @@ def test_random_weights_of_a_paper_text_to_image_model_are_refused(capsys, tmp_p
     err = err_of(capsys, ["latency", "--model", model, "--random-weights", "--results", str(tmp_path), "--quiet"])
     assert "pretrained text model" in err and "Traceback" not in err
     assert not any(tmp_path.iterdir())
+
+
+def test_more_threads_than_usable_cpus_is_warned_before_timing(monkeypatch, capsys):
+    import bench.benches.latency as BL
+    import bench.latency as L
+    assert LatencyBench().threads == len(os.sched_getaffinity(0))   # the default: the CPUs this process may use
+    monkeypatch.setattr(BL, "available_cpus", lambda: 2)
+
+    class Timed(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Timed
+    monkeypatch.setattr(L, "run_latency", stop)
+    base = ["latency", "--model", "tiny-var", "--random-weights", "--quiet"]
+    with pytest.raises(Timed):
+        main(base + ["--threads", "3"])
+    err = capsys.readouterr().err
+    assert "warning: --threads 3 is more than the 2 CPUs this process may use" in err and "(the default is 2)" in err
+    for ok in (["--threads", "2"], []):
+        with pytest.raises(Timed):
+            main(base + ok)
+        assert "warning" not in capsys.readouterr().err

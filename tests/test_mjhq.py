@@ -302,3 +302,7 @@ def test_folders_in_fastvars_layout_score_like_the_run(tmp_path, capsys):
     assert "1 image(s) generated now, 11 already there" in capsys.readouterr().out
     assert main(["mjhq", "score", str(out), "--bench", "shapes-geneval"]) == 2
     assert "not an MJHQ bench; MJHQ benches: mjhq30k, shapes-mjhq" in capsys.readouterr().err
+    assert main(["mjhq", "score", str(tmp_path / "nowhere"), "--n", "12", "--quiet"]) == 2
+    assert f"MJHQ image folder {tmp_path / 'nowhere'} not found (`varbench mjhq generate" in capsys.readouterr().err
+    assert main(["mjhq", "score", str(out / "position" / "ref-00004.png"), "--n", "12", "--quiet"]) == 2
+    assert "ref-00004.png is not a folder" in capsys.readouterr().err

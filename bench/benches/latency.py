@@ -10,6 +10,15 @@ from bench.benches.base import Bench
 from bench.registry import BENCHES
 
 
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, e.g. a container's or taskset's share), not
+    the machine's: more threads than these time the scheduler, not the model."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):    # macOS has no affinity masks
+        return os.cpu_count() or 1
+
+
 @BENCHES.register("latency")
 class LatencyBench(Bench):
     """Wall-clock latency of one full generation (all scales, CFG, decode) on one device."""
@@ -38,7 +47,7 @@ class LatencyBench(Bench):
             raise ValueError("--compile applies to --device cpu or cuda (torch.compile); Core ML compiles its "
                              "package itself when it loads it")
         self.compute_units, self.precision = compute_units, precision
-        self.threads = threads if threads is not None else (os.cpu_count() or 1)
+        self.threads = threads if threads is not None else available_cpus()
 
     def identity(self) -> Dict[str, object]:
         dev = self.device.split(":")[0]
