@@ -237,6 +237,9 @@ def test_cli_compares_two_chains_writes_records_and_reuses_them(tmp_path, capsys
     assert main(["runs", "--json", "--results", str(tmp_path)]) == 0
     listing = json.loads(capsys.readouterr().out)
     assert len(listing) == 2 and not any(r["stale"] for r in listing)
+    assert main(["runs", "--results", str(tmp_path)]) == 0     # the table: latency shown, quality cells blank
+    text = capsys.readouterr().out
+    assert "latency_ms" in text.splitlines()[0] and "fid" not in text and "NaN" not in text
     # one measurement run = one group; timing dense again beside a new chain re-times its old partner too,
     # so that no record is left paired with a dense time from another run
     (g1,) = {r["metrics"]["latency_ms"]["group"] for r in recs}
@@ -250,6 +253,12 @@ def test_cli_compares_two_chains_writes_records_and_reuses_them(tmp_path, capsys
     assert main(argv) == 0                     # dense and magnitude: one group again, reused
     capsys.readouterr()
     assert [read_record(p)["metrics"]["latency_ms"]["group"] for p in paths] == [groups.pop()] * 2
+    # beside a quality record the listing leaves each bench's missing metrics blank (no NaN)
+    assert main(["run", "--model", "tiny-var", "--n", "12", "--quiet", "--results", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert main(["runs", "--results", str(tmp_path)]) == 0
+    head, *rows = capsys.readouterr().out.splitlines()
+    assert {"fid", "latency_ms"} <= set(head.split()) and len(rows) == 4 and "NaN" not in "".join(rows)
 
 
 @pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")

@@ -88,7 +88,7 @@ def cmd_runs(args) -> int:
     df = pd.DataFrame()
     if len(full):
         now = pd.Timestamp.now(tz="UTC")
-        shown = [m for m in ("fid", "is", "class_acc", "geneval", "fid_star") if m in full]
+        shown = [m for m in ("fid", "is", "class_acc", "geneval", "fid_star", "latency_ms") if m in full]
         setting = ["setting"] if full["setting"].astype(bool).any() else []   # e.g. fidelity=True, latency's device
         df = full[["run_id", "world", "model", "bench", "label", *setting, "n", "seed", *shown]].rename(
             columns={"label": "methods"})
@@ -104,7 +104,7 @@ def cmd_runs(args) -> int:
     else:
         with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 200,
                                "display.max_colwidth", 60):
-            print(df.drop(columns=["path"]).to_string(index=False))
+            print(df.drop(columns=["path"]).to_string(index=False, na_rep=""))   # a metric a bench has not: blank
     if args.prune_stale and len(df):
         if not args.yes:
             if not sys.stdin.isatty():
