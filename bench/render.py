@@ -113,10 +113,10 @@ FORMATS = ("md", "tex", "json")
 PAPER_ONLY_NOTE = "paper number only: not a varbench model"
 ARROWS = {"lower": "↓", "higher": "↑", None: ""}
 # derived columns: value of the row vs the same metric in the reference row (``relative:`` in a column)
-RELATIVE = {
-    "speedup": ("×", lambda ours, ref: ref / ours),    # e.g. latency: dense / ours
-    "ratio": ("×", lambda ours, ref: ours / ref),      # e.g. params or FLOPs as a fraction of dense
-    "delta": ("Δ", lambda ours, ref: ours - ref),      # e.g. FID − dense FID
+RELATIVE = {   # (header symbol, f(ours, ref), the operand that divides: a zero there leaves the cell undefined)
+    "speedup": ("×", lambda ours, ref: ref / ours, "ours"),   # e.g. latency: dense / ours
+    "ratio": ("×", lambda ours, ref: ours / ref, "ref"),      # e.g. params or FLOPs as a fraction of dense
+    "delta": ("Δ", lambda ours, ref: ours - ref, None),       # e.g. FID − dense FID
 }
 
 
@@ -708,7 +708,7 @@ def _derive(spec: TableSpec, rows_out: List[dict], notes: "_Notes") -> None:
             ref_value = ref_values.get(ref_label)
             if c["ours"] is None:
                 continue
-            if ref_value is None or (col.relative != "delta" and (ref_value == 0 or c["ours"] == 0)):
+            if ref_value is None:
                 row["footnotes"].append(notes.mark(f"{col.header}: no reference value ({ref_label} not measured)"))
                 c["ours"] = None
                 continue
@@ -718,7 +718,14 @@ def _derive(spec: TableSpec, rows_out: List[dict], notes: "_Notes") -> None:
                     f"measurement run); `varbench table {spec.name}` times them together"))
                 c["ours"] = None
                 continue
-            c["ours"] = RELATIVE[col.relative][1](c["ours"], ref_value)
+            _, derive, divisor = RELATIVE[col.relative]
+            if divisor is not None and (c["ours"] if divisor == "ours" else ref_value) == 0:
+                # e.g. a speed-up over a zero time: undefined, not infinite
+                whose = "this row's" if divisor == "ours" else f"{ref_label}'s"
+                row["footnotes"].append(notes.mark(f"{col.header}: undefined ({whose} value is 0)"))
+                c["ours"] = None
+                continue
+            c["ours"] = derive(c["ours"], ref_value)
             c["stderr"] = None
 
 

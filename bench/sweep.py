@@ -63,8 +63,8 @@ class Sweep:
 
 
 def _names(value: Any, key: str, where: str) -> List[Any]:
-    """A scalar or a non-empty list, as a list."""
-    items = value if isinstance(value, list) else [value]
+    """A scalar or a non-empty list, as a list (a key left without a value, YAML's null, is empty)."""
+    items = value if isinstance(value, list) else [] if value is None else [value]
     if not items:
         raise SweepError(f"{where}: {key} is empty; give at least one entry or leave the key out")
     return items

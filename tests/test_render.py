@@ -220,10 +220,42 @@ def test_relative_columns_are_derived_from_the_reference_row(tmp_path):
     assert mag["dfid"]["ours"] == pytest.approx(3.5) and mag["pr"]["ours"] == pytest.approx(0.64)
     dense = out["json"]["rows"][0]["cells"]
     assert dense["speed"]["ours"] == pytest.approx(1.0) and dense["dfid"]["ours"] == 0.0
-    # without the reference measurement, a relative cell stays empty and says why
+    # a derived value carries no error bar (none is propagated); the measured column keeps its own
+    recs[0]["metrics"]["fid"]["stderr"], recs[1]["metrics"]["fid"]["stderr"] = 0.25, 0.5
+    out = render(spec, "tiny", cells, {r["run_id"]: r for r in recs}, out_dir=tmp_path, formats=("json",))
+    assert out["json"]["rows"][1]["cells"]["dfid"]["stderr"] is None and out["json"]["rows"][0]["footnotes"] == []
+    # without the reference measurement, a relative cell stays empty and says why, on the rows it derives
+    # only (the unmeasured reference row has nothing to derive, hence no mark)
     out = render(spec, "tiny", cells, {recs[1]["run_id"]: recs[1]}, out_dir=tmp_path, formats=("json",))
-    assert out["json"]["rows"][1]["cells"]["speed"]["ours"] is None
-    assert any("no reference value" in f["text"] for f in out["json"]["footnotes"])
+    dense, mag = out["json"]["rows"]
+    assert {k: c["ours"] for k, c in mag["cells"].items()} == {"lat": 4.0, "speed": None, "dfid": None, "pr": None}
+    texts = {f["mark"]: f["text"] for f in out["json"]["footnotes"]}
+    assert sorted(texts[i] for i in mag["footnotes"] if "magnitude" not in texts[i]) == sorted(
+        f"{h}: no reference value (Dense not measured)" for h in (cols["speed"].header, cols["dfid"].header,
+                                                                 cols["pr"].header))
+    assert dense["footnotes"] == []
+    # a zero makes a ratio undefined only where it divides: speed-up = ref / ours, ratio = ours / ref
+    zero = [make_record(sp["Dense"], {"fid": 0.0}, {"latency_ms_per_image": 0.0, "params": 1000}, {}),
+            make_record(sp["Mag"], {"fid": 5.5}, {"latency_ms_per_image": 0.0, "params": 0}, {})]
+    out = render(spec, "tiny", cells, {r["run_id"]: r for r in zero}, out_dir=tmp_path, formats=("json",))
+    dense, mag = out["json"]["rows"]
+    assert {k: c["ours"] for k, c in mag["cells"].items()} == {"lat": 0.0, "speed": None, "dfid": 5.5, "pr": 0.0}
+    texts = {f["mark"]: f["text"] for f in out["json"]["footnotes"]}
+    derived = lambda row: [texts[i] for i in row["footnotes"] if "magnitude" not in texts[i]]   # noqa: E731
+    assert derived(mag) == derived(dense) == [f"{cols['speed'].header}: undefined (this row's value is 0)"]
+    zero[0]["cost"].update(latency_ms_per_image=10.0, params=0)
+    zero[1]["cost"]["latency_ms_per_image"] = 4.0
+    out = render(spec, "tiny", cells, {r["run_id"]: r for r in zero}, out_dir=tmp_path, formats=("json",))
+    dense, mag = out["json"]["rows"]
+    assert {k: c["ours"] for k, c in mag["cells"].items()} == {"lat": 4.0, "speed": 2.5, "dfid": 5.5, "pr": None}
+    texts = {f["mark"]: f["text"] for f in out["json"]["footnotes"]}
+    assert derived(mag) == derived(dense) == [f"{cols['pr'].header}: undefined (Dense's value is 0)"]
+    zero[0]["cost"]["latency_ms_per_image"] = 0.0   # the reference's zero does not divide in a speed-up: 0 / 4
+    out = render(spec, "tiny", cells, {r["run_id"]: r for r in zero}, out_dir=tmp_path, formats=("json",))
+    assert out["json"]["rows"][1]["cells"]["speed"]["ours"] == 0.0
+    zero[0]["cost"]["params"] = 1000       # the row's own zero does not divide in a ratio: 0 / 1000
+    out = render(spec, "tiny", cells, {r["run_id"]: r for r in zero}, out_dir=tmp_path, formats=("json",))
+    assert out["json"]["rows"][1]["cells"]["pr"]["ours"] == 0.0 and derived(out["json"]["rows"][1]) == []
 
 
 def test_a_row_may_name_its_own_reference(tmp_path):
@@ -344,6 +376,11 @@ def test_kendall_tau_per_column_against_the_paper(tmp_path):
     assert f"{want:.2f} (n=4)" in out["md"] and "Kendall $\\tau$ vs paper" in out["tex"]
     md_rows = [ln for ln in out["md"].splitlines() if ln.startswith("|")]
     assert len({len(ln) for ln in md_rows}) == 1 and md_rows[-1].startswith("| Kendall τ vs paper")
+    # two ranked rows are the fewest that order anything (τ = ±1); one is too few (undefined)
+    for kept, tau in ((("A", "B"), -1.0), (("C", "D"), 1.0), (("D",), None)):
+        some = {k: r for k, r in recs.items() if any(c.spec.key() == k and c.row in kept for c in cells)}
+        k = render(spec, "tiny", cells, some, out_dir=tmp_path, formats=("json",))["json"]["kendall"]
+        assert k["fid"] == {"tau": tau, "n": len(kept)}
 
 
 def test_weight_free_accounting_fills_params_anywhere_and_a_run_record_wins(tmp_path, capsys):
@@ -409,8 +446,10 @@ def test_a_column_group_with_its_own_bench_n_and_setting(tmp_path):
         assert rows[1]["cells"]["speed"]["ours"] == (None if speed is None else pytest.approx(speed))
         assert rows[0]["cells"]["speed"]["ours"] == pytest.approx(1.0)      # the reference against itself
         assert rows[1]["cells"]["dfid"]["ours"] == pytest.approx(1.0)       # other columns unaffected
-        said = any("not timed in the same run as Dense" in f["text"] for f in out["json"]["footnotes"])
-        assert said == (speed is None)
+        said = [f["text"] for f in out["json"]["footnotes"] if "not timed in the same run" in f["text"]]
+        assert said == ([] if speed is not None else [
+            "Latency (ms) ×: not timed in the same run as Dense (a ratio of medians is taken within one measurement "
+            "run); `varbench table toy` times them together"])
     # without its own bench a group runs the table's bench
     assert {c.spec.bench for c in table_cells(_two_bench_spec(), "tiny")} == {"shapes-c2i"}
     for bad, msg in (({"bench_args": {"batch": 16}}, "world"), ({"bench_args": {"tiny": 16}}, "mapping"),
@@ -502,3 +541,15 @@ def test_weight_free_counts_are_shared_by_the_benches_of_one_model_and_chain(tmp
     assert len(calls) == 1 and a["cost"] == b["cost"]
     c = runner.account(make_spec("tiny-var", "magnitude:sparsity=0.4", bench="latency", need_ckpt=False), tmp_path)
     assert len(calls) == 2 and c["cost"]["params"] < a["cost"]["params"]
+
+
+def test_a_cell_takes_only_a_number_from_its_record():
+    """metrics first, then cost; a bool, a text or a null value is no measurement (the cell stays empty)."""
+    from bench.render import _measure
+    rec = {"metrics": {"fid": {"value": 2.5, "stderr": 0.1}, "ok": True, "note": {"value": "n/a"},
+                       "gone": {"value": None}, "params": 7},
+           "cost": {"params": 9, "flops": 3.0e9, "flag": False}}
+    assert _measure(rec, "fid") == (2.5, 0.1) and _measure(rec, "params") == (7, None)
+    assert _measure(rec, "flops") == (3.0e9, None)
+    for metric in ("ok", "note", "gone", "flag", "absent"):
+        assert _measure(rec, metric) is None, metric

@@ -98,6 +98,52 @@ def test_merge_refuses_a_shard_of_another_run_or_a_missing_one(tmp_path):
         assert f["indices"].tolist() == list(range(50)) and str(f["key"]) == KEY
 
 
+@pytest.mark.parametrize("field", ["key", "batch", "indices", "labels", "seed", "images", "images-dtype", "seed+labels"])
+def test_merge_names_each_field_of_a_shard_that_does_not_belong_to_the_run(tmp_path, field):
+    bench, folder = ShapesC2I(), tmp_path / "s"
+    labels = bench.labels(96)                          # 2 batches: 50 + 46
+    shard.generate(CountingGen(), bench, labels, 0, SAMPLING, folder, KEY, [0, 1])
+    assert shard.merge(folder, KEY, labels, bench, seed=0).shape[0] == 96
+    path = shard.batch_path(folder, 1)
+    with np.load(path) as f:
+        got = {k: f[k] for k in f.files}
+    bad = {"key": np.array("another-run"), "batch": np.array(0), "indices": got["indices"] + 1,
+           "labels": (got["labels"] + 1) % 12, "seed": got["seed"] + 1, "images": got["images"][:-1],
+           "images-dtype": got["images"].astype(np.float32)}
+    names = [f.split("-")[0] for f in field.split("+")]
+    for f, name in zip(field.split("+"), names):
+        got[name] = bad[f]
+    name = ", ".join(names)
+    with open(path, "wb") as fh:
+        np.savez(fh, **got)
+    with pytest.raises(shard.ShardError) as e:
+        shard.merge(folder, KEY, labels, bench, seed=0)
+    assert str(e.value) == f"{path}: {name} do not match run {KEY}; delete {folder} and rerun"
+    assert shard.merge(folder, KEY, labels, bench, seed=0, batches=range(1)).shape[0] == 50   # batch 0 is fine
+
+
+def test_merge_features_checks_each_chunk_it_concatenates(tmp_path):
+    folder = tmp_path / "s"
+    rows = [{"features": torch.full((2, 3), float(j)), "logits": torch.full((2, 1), -float(j))} for j in range(3)]
+    for j, r in enumerate(rows):
+        shard.write_features(folder, KEY, j, r)
+    merged = shard.merge_features(folder, KEY, 3)
+    assert torch.equal(merged["features"], torch.cat([r["features"] for r in rows]))      # chunk order
+    assert torch.equal(merged["logits"], torch.cat([r["logits"] for r in rows])) and set(merged) == {"features", "logits"}
+    path = shard.features_path(folder, 1)
+    shard.write_features(folder, "another-run", 1, rows[1])
+    with pytest.raises(shard.ShardError) as e:
+        shard.merge_features(folder, KEY, 3)
+    assert str(e.value) == f"{path} does not belong to chunk 1 of run {KEY}; delete {folder} and rerun"
+    path.write_bytes(shard.features_path(folder, 2).read_bytes())        # chunk 2's file under chunk 1's name
+    with pytest.raises(shard.ShardError, match="does not belong to chunk 1 of run"):
+        shard.merge_features(folder, KEY, 3)
+    path.unlink()
+    with pytest.raises(shard.ShardError) as e:
+        shard.merge_features(folder, KEY, 3)
+    assert str(e.value) == f"{path} is missing after every rank finished; rerun the same command to make it"
+
+
 class BatchSensitiveBench:
     """Rows that depend on the batch they are computed in (batches of 2, as a network's kernels may):
     only chunks aligned at multiples of 2 reproduce one pass over all images. Sampling batches of 3, so

@@ -95,13 +95,25 @@ def test_emitted_commands_make_exactly_the_todo_cells(tmp_path, capsys):
     ({"sampling": {"more_smooth": True}}, "sampling may set cfg, top_k, top_p"),
     ({"seeds": [-1]}, "seeds[0]"),
     ({"n": 25}, "needs a positive multiple of its 12 classes"),
-    ({"methods": ["magnitude:sparsity=2.0"]}, "cell tiny-var magnitude:sparsity=2.0 @ shapes-c2i seed 0"),
+    ({"methods": ["magnitude:sparsity=2.0"]}, "cell tiny-var magnitude:sparsity=2.0 @ shapes-c2i seed 0: "
+                                              "magnitude: parameter sparsity=2.0 out of range [0.0, 0.9]"),
+    ({"benches": None}, "benches is empty; give at least one entry or leave the key out"),   # `benches:` alone
+    ({"models": None}, "models is empty; give at least one entry or leave the key out"),
+    ({"seeds": []}, "seeds is empty; give at least one entry or leave the key out"),
 ])
 def test_bad_sweep_files_are_refused_with_the_fix(tmp_path, capsys, change, message):
     path = write(tmp_path, {**GRID, **change})
     assert main(["sweep", str(path), "--dry-run", "--results", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"varbench: error: {path}: ") and message in err, err
+
+
+def test_a_bad_cell_without_benches_names_the_default_bench(tmp_path, capsys):
+    grid = {k: v for k, v in GRID.items() if k != "benches"}
+    path = write(tmp_path, {**grid, "methods": ["magnitude:sparsity=2.0"]})
+    assert main(["sweep", str(path), "--dry-run", "--results", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err == (f"varbench: error: {path}: cell tiny-var magnitude:sparsity=2.0 @ default "
+                                       f"bench seed 0: magnitude: parameter sparsity=2.0 out of range [0.0, 0.9]\n")
 
 
 @pytest.mark.skipif(not (ASSETS / "tiny_var.safetensors").is_file(), reason="tiny-world checkpoints not built")
