@@ -151,6 +151,7 @@ def test_rows_follow_the_primary_metric_in_md_tex_html_and_json(board):
     assert re.findall(r'<td class="txt chain"[^>]*title="([^"]*)"', board["html"])[-5:] == order   # tooltips
     j = json.loads(board["json"])
     assert [r["chain"] for r in j["benches"][1]["rows"]] == order and j["benches"][1]["sort"]["metric"] == "fid"
+    assert [r["methods"] for r in j["benches"][1]["rows"]] == [[] if c == DENSE else [c] for c in order]
     assert "Sorted by FID ↓ (the bench's primary metric; lower is better, best first)" in board["md"]
 
 
@@ -267,3 +268,109 @@ def test_the_command_imports_no_torch(results, tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=60)
     assert sorted(p.name for p in (tmp_path / "tiny").iterdir()) == [
         "leaderboard.html", "leaderboard.json", "leaderboard.md", "leaderboard.tex"]   # no temporary files left
+
+
+def _row(model, chain, n, value=None, metric="fid"):
+    return {"model": model, "chain": chain, "n": n, "values": {} if value is None else {metric: {"value": value}}}
+
+
+def test_ranks_share_ties_skip_after_them_and_ties_keep_a_stated_order():
+    """Competition ranking (1, 1, 3), best first by the metric's direction; equal values ordered by model,
+    chain and n whatever order the records came in; rows without the metric last and unranked."""
+    from bench.leaderboard import _sort
+    made = [_row("b", "x", 10, 2.0), _row("a", "z", 10, 1.0), _row("a", "y", 20), _row("a", "y", 10, 2.0),
+            _row("a", "x", 10, 3.0), _row("a", "a", 10)]
+    for order in (made, made[::-1]):
+        rows = [dict(r) for r in order]
+        _sort(rows, "fid")                               # lower is better
+        assert [(r["model"], r["chain"], r["n"], r["rank"]) for r in rows] == [
+            ("a", "z", 10, 1), ("a", "y", 10, 2), ("b", "x", 10, 2), ("a", "x", 10, 4), ("a", "a", 10, None),
+            ("a", "y", 20, None)]
+    rows = [_row("a", "p", 1, 7.0, "is"), _row("a", "q", 1, 9.0, "is"), _row("a", "r", 1, 9.0, "is")]
+    _sort(rows, "is")                                    # higher is better
+    assert [(r["chain"], r["rank"]) for r in rows] == [("q", 1), ("r", 1), ("p", 3)]
+    rows = [_row("b", "x", 1, 1.0), _row("a", "x", 1, 5.0)]
+    _sort(rows, None)                                    # nothing to rank by: the stated order, no ranks
+    assert [(r["model"], r["rank"]) for r in rows] == [("a", None), ("b", None)]
+
+
+def test_the_primary_metric_is_the_first_present_one_with_a_direction():
+    from bench.leaderboard import _primary
+    assert _primary(["fid", "is", "precision"], ["is", "precision"]) == "is"
+    assert _primary(["fid", "is"], ["fid", "is"]) == "fid"
+    assert _primary(["fid", "is"], ["params"]) is None
+
+
+def test_seeds_of_one_row_give_a_mean_and_a_standard_error_across_them():
+    """k ≥ 2 seeds: mean ± sd/√k (sample sd); equal values give no error bar; one seed keeps its record's."""
+    import math
+
+    import pandas as pd
+
+    from bench.leaderboard import _aggregate
+    base = {"model": "m", "methods_list": [], "methods": "dense", "label": "dense", "setting": "", "n": 12}
+    frame = pd.DataFrame([{**base, "group": "g1", "seed": 0, "run_id": "a", "fid": 1.0, "fid.stderr": 0.3},
+                          {**base, "group": "g1", "seed": 1, "run_id": "b", "fid": 1.6, "fid.stderr": 0.3},
+                          {**base, "group": "g2", "seed": 0, "run_id": "c", "fid": 2.0, "fid.stderr": 0.25},
+                          {**base, "group": "g3", "seed": 0, "run_id": "d", "fid": 4.0, "fid.stderr": None},
+                          {**base, "group": "g3", "seed": 1, "run_id": "e", "fid": 4.0, "fid.stderr": None}])
+    g1, g2, g3 = _aggregate(frame, ["fid", "is"])
+    assert g1["values"]["fid"] == {"value": pytest.approx(1.3), "stderr": pytest.approx(0.6 / math.sqrt(2) / math.sqrt(2)),
+                                   "k": 2}
+    assert g1["seeds"] == [0, 1] and g1["run_ids"] == ["a", "b"] and "is" not in g1["values"]
+    assert g2["values"]["fid"] == {"value": 2.0, "stderr": 0.25, "k": 1}
+    assert g3["values"]["fid"] == {"value": 4.0, "stderr": None, "k": 2}
+
+
+def test_the_footer_and_each_bench_name_the_commits_their_records_came_from(tmp_path):
+    import copy
+
+    from bench.leaderboard import build
+    from bench.records import load_records
+    spec = make_spec("tiny-var", "dense", n=120, need_ckpt=False)
+    rec = make_record(spec, {"fid": 5.0}, {"params": 1}, {})
+    spec2 = make_spec("tiny-var", "magnitude:sparsity=0.4", n=120, need_ckpt=False)
+    rec2 = make_record(spec2, {"fid": 6.0}, {"params": 1}, {})
+    rec["env"].update(git_commit="a" * 40, git_dirty=False)
+    rec2["env"].update(git_commit="b" * 40, git_dirty=False)
+    write_record(spec.path(tmp_path), rec)
+    write_record(spec2.path(tmp_path), rec2)
+    board = build(load_records(tmp_path), "tiny")
+    (b,) = board["benches"]
+    assert b["git_commits"] == ["a" * 40, "b" * 40] and b["git_dirty"] is False
+    assert f"records from git {'a' * 12}, {'b' * 12} · rendered at git" in board["footer"]
+    rec2 = copy.deepcopy(rec2)
+    rec2["env"].update(git_commit="unknown", git_dirty=True)     # an installed copy built without git, dirty
+    write_record(spec2.path(tmp_path), rec2)
+    board = build(load_records(tmp_path), "tiny")
+    assert board["benches"][0]["git_commits"] == ["a" * 40, "unknown"] and board["benches"][0]["git_dirty"] is True
+    assert f"records from git {'a' * 12}, unknown (uncommitted changes) · rendered" in board["footer"]
+
+
+def test_the_records_frame_has_one_row_per_record_with_what_runs_and_the_board_read(tmp_path):
+    """The frame behind `varbench runs` and the board: identity, chain text, provenance, staleness, and one
+    column (+ .stderr) per catalog metric or cost that holds a number."""
+    from bench.leaderboard import records_frame
+    spec = make_spec("tiny-var", "magnitude:sparsity=0.4 + ft:epochs=1", n=120, need_ckpt=False)
+    rec = make_record(spec, {"fid": {"value": 5.0, "stderr": 0.5}, "my_score": 3.0},
+                      {"params": 10, "flops": {"value": 2.0e9, "stderr": 1.0e7}}, {})
+    rec["metrics"]["is"] = {"value": "n/a"}     # not a number (the record reader refuses it; the frame skips it)
+    del rec["env"]["git_commit"]
+    stale_spec = dataclasses.replace(make_spec("tiny-var", "slimgpt:sparsity=0.4", n=120, need_ckpt=False),
+                                     method_versions={"slimgpt": 0})
+    stale = make_record(stale_spec, {"fid": 1.0}, {}, {})
+    frame = records_frame({"r/a.json": rec, "r/b.json": stale}).set_index("path")
+    a, b = frame.loc["r/a.json"], frame.loc["r/b.json"]
+    assert a["world"] == "tiny" and a["created"] == rec["created"] and a["run_id"] == spec.key()
+    assert a["methods"] == " + ".join(spec.methods) and a["methods_list"] == list(spec.methods)
+    assert a["label"] == "magnitude:sparsity=0.4 + ft:epochs=1"
+    assert a["git_commit"] == "unknown" and not a["stale"] and a["why"] in ("", None)
+    assert (a["fid"], a["fid.stderr"]) == (5.0, 0.5) and (a["flops"], a["flops.stderr"]) == (2.0e9, 1.0e7)
+    assert a["params"] == 10 and pd_isna(a["params.stderr"])
+    assert "my_score" not in frame and pd_isna(a.get("is"))          # not in the catalog / not a number
+    assert b["stale"] and "slimgpt v0" in b["why"] and b["label"] == "slimgpt:sparsity=0.4"
+
+
+def pd_isna(v):
+    import pandas as pd
+    return v is None or bool(pd.isna(v))
