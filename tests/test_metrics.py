@@ -460,3 +460,57 @@ def test_bootstrap_can_leave_kid_out_without_changing_any_other_number():
         assert (part[m]["value"], part[m]["stderr"]) == (full[m]["value"], full[m]["stderr"])
     assert part["kid"]["value"] == full["kid"]["value"] and part["kid"]["stderr"] is None
     assert part["kid"]["subset_std"] > 0 and "subsets" in part["kid"]["error"]
+
+
+def test_kid_left_out_of_the_bootstrap_carries_its_subset_std_and_says_so():
+    """What every tiny-world run does (`bootstrap_metrics` without KID): one KID pass gives its mean and
+    its std over the random subsets; the other metrics keep their bootstrap errors."""
+    fake, ref = _feature_set(120, 5, shift=0.3), _feature_set(120, 6)
+    out = fidelity.evaluate(fake, ref, metrics=("fid", "kid", "recall"), bootstrap=3, seed=4, kid_subsets=7,
+                            kid_subset_size=50, bootstrap_metrics=("fid", "recall"))
+    mean, std = fidelity.kid_from_features(fake["features"], ref["features"], 7, 50, 4, return_std=True)
+    assert out["kid"] == {"value": mean, "stderr": None, "n": 120, "higher_is_better": False, "subset_std": std,
+                          "error": "no bootstrap; subset_std: std over 7 random subsets (torch-fidelity)"}
+    assert out["fid"]["stderr"] > 0 and out["fid"]["error"] == "bootstrap over generated samples, 3 resamples"
+    # recall alone is computed (and bootstrapped) without precision
+    assert list(out) == ["fid", "kid", "recall"] and out["recall"]["stderr"] > 0
+    assert out["recall"]["value"] == fidelity.prc_from_features(ref["features"], fake["features"], 3)["recall"]
+
+
+def test_a_standard_error_needs_two_resamples():
+    fake, ref = _feature_set(60, 7, shift=0.3), _feature_set(60, 8)
+    one = fidelity.evaluate(fake, ref, metrics=("fid",), bootstrap=1)["fid"]
+    two = fidelity.evaluate(fake, ref, metrics=("fid",), bootstrap=2)["fid"]
+    assert one["stderr"] is None and two["stderr"] > 0
+    # the resamples by hand: n row indices drawn from all n rows, the sample standard deviation of their FIDs
+    rng = np.random.default_rng(0)
+    f = [fidelity.fid_from_features(fake["features"][torch.from_numpy(rng.integers(0, 60, size=60))], ref["features"])
+         for _ in range(2)]
+    assert two["stderr"] == pytest.approx(abs(f[0] - f[1]) / np.sqrt(2), rel=1e-9)
+    assert fidelity.evaluate(fake, ref, metrics=("fid",), bootstrap=0)["fid"]["error"] == "none (bootstrap=0)"
+
+
+@pytest.mark.parametrize("fake, ref, metrics, message", [
+    ("fs", "fs", ("fid", "sfid"), "unknown fidelity metric(s) ['sfid']; known: fid, is, kid, precision, recall"),
+    ("logits", "fs", ("fid",), "generated samples have no features"),
+    ("logits", None, ("is",), None),                                      # IS alone: logits, no reference
+    ("features", None, ("is",), "IS needs logits: pass images (or extract_features output) from an extractor "
+                                "with 'logits_unbiased'"),
+    ("fs", None, ("is", "fid", "kid"), "['fid', 'kid'] need a reference set"),
+    ("fs", "stats", ("fid", "precision", "kid"), "['precision', 'kid'] need reference features, not only mu/sigma"),
+    ("fs", "stats", ("fid",), None),                                      # FID from mu/sigma alone
+    ("fs", "stats", ("recall",), "['recall'] need reference features, not only mu/sigma"),
+    ("fs", "mu", ("fid",), "FID needs reference features or mu/sigma"),
+])
+def test_what_each_metric_needs_is_checked_before_any_work(fake, ref, metrics, message):
+    full = _feature_set(40, 9)
+    stats = fidelity.fid_statistics(_feature_set(40, 10)["features"])
+    sets = {"fs": full, "logits": {"logits": full["logits"]}, "features": {"features": full["features"]},
+            "stats": {"mu": stats["mu"], "sigma": stats["sigma"]}, "mu": {"mu": stats["mu"]}, None: None}
+    call = lambda: fidelity.evaluate(sets[fake], sets[ref], metrics=metrics, bootstrap=0)   # noqa: E731
+    if message is None:
+        assert set(call()) == set(metrics)
+    else:
+        with pytest.raises(ValueError) as e:
+            call()
+        assert str(e.value) == message

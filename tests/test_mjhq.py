@@ -32,8 +32,11 @@ def test_read_meta_keeps_file_order_and_names_bad_entries(tmp_path):
     sel = mm.select(df, 2, mm.MJHQ_CATEGORIES)
     assert list(sel["category"]) == [c for c in mm.MJHQ_CATEGORIES for _ in range(2)]
     assert list(sel["prompt"][:2]) == ["a animals picture number 0", "a animals picture number 1"]
-    with pytest.raises(ValueError, match="category animals has 3 prompts, fewer than the 4"):
+    assert list(sel.index) == list(range(2 * len(mm.MJHQ_CATEGORIES)))     # one frame, numbered afresh
+    assert len(mm.select(df, 3, mm.MJHQ_CATEGORIES)) == 30                   # every prompt of each category
+    with pytest.raises(ValueError) as e:
         mm.select(df, 4, mm.MJHQ_CATEGORIES)
+    assert str(e.value) == "category animals has 3 prompts, fewer than the 4 asked for"
     with pytest.raises(ValueError, match="entry 'x1' has category 'cats'"):
         mm.read_meta(_meta(tmp_path, bad={"x1": {"category": "cats", "prompt": "p"}}))
     with pytest.raises(ValueError, match="entry 'x2' is not"):
@@ -63,10 +66,16 @@ def test_category_fids_are_clean_fid_on_each_category_and_on_all():
     assert out["fid_mean"]["value"] == pytest.approx(np.mean([out[f"fid_{c}"]["value"] for c in cats]))
     # our FID (torch-fidelity's statistics and square root) agrees with clean-fid on the same features
     assert fid_from_features(torch.from_numpy(g), torch.from_numpy(r)) == pytest.approx(fid_from_feats(g, r), rel=1e-6)
-    with pytest.raises(ValueError, match="at least 2 images"):
+    assert all(e["higher_is_better"] is False for e in out.values())
+    assert out["fid"]["n"] == out["fid_mean"]["n"] == 90
+    two = mm.category_fids(g, gc, r[:42], rc[:42], cats)                   # 2 reference images of c: the least
+    assert two["fid_c"]["value"] == pytest.approx(fid_from_feats(g[60:], r[40:42]), rel=1e-6)   # rank-1 covariance: sqrtm is touchy
+    with pytest.raises(ValueError) as e:
         mm.category_fids(g, gc, r[:41], rc[:41], cats)
-    with pytest.raises(ValueError, match="categories"):
+    assert str(e.value) == "category c: FID needs at least 2 images on each side, got 30 and 1"
+    with pytest.raises(ValueError) as e:
         mm.category_fids(g, gc[:-1], r, rc, cats)
+    assert str(e.value) == "category_fids: 90/60 feature rows but 89/60 categories"
 
 
 class _TinyNet(torch.nn.Module):
@@ -141,7 +150,11 @@ def test_clip_score_formula():
     assert np.allclose(cos, [1.0, 0.6, 0.0])
     m = clip_score_metric(cos)
     assert m["value"] == pytest.approx(100 * 1.6 / 3) and m["n"] == 3     # the raw mean ×100, not clamped
+    assert m["stderr"] == pytest.approx(100 * np.std(cos, ddof=1) / np.sqrt(3), rel=1e-12) and m["stderr"] > 25
+    assert m["higher_is_better"] is True and m["error"] == "standard error of the mean over images"
     assert clip_score_metric(np.array([-0.2, -0.1]))["value"] == pytest.approx(-15.0)
+    assert clip_score_metric([-0.2, -0.1])["stderr"] == pytest.approx(5.0)     # a list; 100·(0.1/√2)/√2
+    assert clip_score_metric(np.array([0.3]))["stderr"] is None        # one image: no error bar, not a zero one
     with pytest.raises(ValueError, match="pairs images with their prompts"):
         cosines(a, t[:2])
     from bench.metrics.clip_score import load_openai_clip

@@ -95,3 +95,14 @@ def test_lpips_is_torchmetrics_alex_per_pair_from_a_local_backbone(tmp_path):
         assert got[i].item() == pytest.approx(ref.compute().item(), rel=1e-5, abs=1e-7)
     with pytest.raises(FileNotFoundError, match=pairs.ALEXNET_FILE):
         pairs.lpips(a, b, tmp_path / "missing.pth")
+
+
+def test_ssim_refuses_pairs_of_different_shape_and_images_smaller_than_its_window():
+    a = _imgs(2, seed=1, size=11)
+    assert pairs.ssim(a, a).tolist() == pytest.approx([1.0, 1.0])        # one window exactly: fine
+    with pytest.raises(ValueError) as e:
+        pairs.ssim(a[:, :, :10, :], a[:, :, :10, :])
+    assert str(e.value) == "SSIM needs images of at least 11×11 pixels, got 10×11"
+    with pytest.raises(ValueError) as e:
+        pairs.ssim(a, _imgs(2, seed=1, size=12))
+    assert str(e.value) == "image pairs must have the same shape: (2, 3, 11, 11) vs (2, 3, 12, 12)"

@@ -77,7 +77,8 @@ def cosines(image_emb: torch.Tensor, text_emb: torch.Tensor) -> np.ndarray:
 
 
 def clip_score_metric(cos: np.ndarray) -> dict:
-    """The record entry: 100 · mean cosine, its standard error over images."""
+    """The record entry: 100 · mean cosine, its standard error over images (None for one image: unknown,
+    not zero)."""
     cos = np.asarray(cos, dtype=np.float64)
-    return {"value": float(100 * cos.mean()), "stderr": float(100 * cos.std(ddof=1) / np.sqrt(len(cos))) if len(cos) > 1 else 0.0,
+    return {"value": float(100 * cos.mean()), "stderr": float(100 * cos.std(ddof=1) / np.sqrt(len(cos))) if len(cos) > 1 else None,
             "n": int(len(cos)), "higher_is_better": True, "error": "standard error of the mean over images"}
