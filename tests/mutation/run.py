@@ -9,10 +9,12 @@ passing run means it survived, a run past the time limit is a timeout. One worke
 
     .venv/bin/python tests/mutation/run.py [--only SUBSTRING] [--list]
     .venv/bin/python tests/mutation/run.py --tokens [--only SUBSTRING]   # the token methods (make mutation-tokens)
+    .venv/bin/python tests/mutation/run.py --infra [--only SUBSTRING]    # tables, records, metrics (make mutation-infra)
     .venv/bin/python tests/mutation/run.py --summary   # per-file score of mutmut's run + this one
 
-Results go to mutants/decorated-results.json, with --tokens to mutants/token-results.json (mutants/ is
-mutmut's work folder, git-ignored); a run with --only replaces its functions' results and keeps the rest.
+Results go to mutants/decorated-results.json, with --tokens to mutants/token-results.json, with --infra to
+mutants/infra-results.json (mutants/ is mutmut's work folder, git-ignored); a run with --only replaces its
+functions' results and keeps the rest.
 """
 from __future__ import annotations
 
@@ -62,6 +64,31 @@ TOKEN_FUNCTIONS = {
 TOKEN_SELECT = {"stepvar": "stepvar or texture or structure or unit_rank or restoration or kept_set"}
 TOKEN_TARGETS = [(f"methods.{m}", fn, TOKEN_TESTS + ["-k", TOKEN_SELECT.get(m, m)])
                  for m, fns in TOKEN_FUNCTIONS.items() for fn in fns]
+# Tables, records and metrics: what turns runs into the numbers users read (relative cells, Kendall's tau,
+# ranks and error bars, sharded merges, sweeps, fidelity metrics), each against its own test file.
+_MJHQ_FAST = ["tests/test_mjhq.py", "-k", "read_meta or category_fids or clip_score or mjhq30k"]
+INFRA_TARGETS = [(m, fn, [tests] if isinstance(tests, str) else tests) for m, fn, tests in [
+    ("bench.render", "_derive", "tests/test_render.py"), ("bench.render", "_kendall", "tests/test_render.py"),
+    ("bench.render", "_measure", "tests/test_render.py"), ("bench.render", "_cell_texts", "tests/test_render.py"),
+    ("bench.render", "_fmt", "tests/test_render.py"),
+    ("bench.shard", "assign", "tests/test_shard.py"), ("bench.shard", "finished", "tests/test_shard.py"),
+    ("bench.shard", "merge", "tests/test_shard.py"), ("bench.shard", "merge_features", "tests/test_shard.py"),
+    ("bench.shard", "n_batches", "tests/test_shard.py"),
+    ("bench.sweep", "expand", "tests/test_sweep.py"), ("bench.sweep", "finished", "tests/test_sweep.py"),
+    ("bench.sweep", "_names", "tests/test_sweep.py"),
+    ("bench.leaderboard", "_aggregate", "tests/test_leaderboard.py"),
+    ("bench.leaderboard", "_sort", "tests/test_leaderboard.py"), ("bench.leaderboard", "_cell", "tests/test_leaderboard.py"),
+    ("bench.leaderboard", "_primary", "tests/test_leaderboard.py"),
+    ("bench.leaderboard", "_number", "tests/test_leaderboard.py"),
+    ("bench.leaderboard", "records_frame", "tests/test_leaderboard.py"),
+    ("bench.metrics.fidelity", "evaluate", "tests/test_metrics.py"),
+    ("bench.metrics.fidelity", "_compute", "tests/test_metrics.py"),
+    ("bench.metrics.fidelity", "_check_inputs", "tests/test_metrics.py"),
+    ("bench.metrics.pairs", "psnr", "tests/test_pairs.py"), ("bench.metrics.pairs", "ssim", "tests/test_pairs.py"),
+    ("bench.metrics.pairs", "fid_star", "tests/test_pairs.py"),
+    ("bench.metrics.mjhq", "category_fids", _MJHQ_FAST), ("bench.metrics.mjhq", "select", _MJHQ_FAST),
+    ("bench.metrics.clip_score", "clip_score_metric", _MJHQ_FAST),
+]]
 DESELECT = ["tests/test_methods.py::test_ft_lowers_the_training_loss"]
 
 SWAP_BIN = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
@@ -190,6 +217,7 @@ def run_tests(tests, fn=None, new_code=None, timeout=600.0, deselect=DESELECT):
 
 RESULTS = os.path.join("mutants", "decorated-results.json")
 TOKEN_RESULTS = os.path.join("mutants", "token-results.json")
+INFRA_RESULTS = os.path.join("mutants", "infra-results.json")
 RECHECK = os.path.join("mutants", "recheck-results.json")
 # Second tier: the slow tests that [tool.mutmut] leaves out, run only on mutmut's survivors.
 SLOW_SAMPLING = ["tests/test_sampling.py::test_identity_policy_is_bit_identical_and_sees_every_sublayer",
@@ -267,7 +295,7 @@ def summary():
             c[st] = c.get(st, 0) + 1
             if not st.startswith("killed") and st != "caught by type check":
                 survivors.append(f"{st}: {name}")
-    for results, label in ((RESULTS, "decorated"), (TOKEN_RESULTS, "token methods")):
+    for results, label in ((RESULTS, "decorated"), (TOKEN_RESULTS, "token methods"), (INFRA_RESULTS, "tables and metrics")):
         for r in (json.load(open(results)) if os.path.exists(results) else []):
             c = per_file.setdefault(r["file"] + f" ({label}, tests/mutation/run.py)", {})
             c[r["status"]] = c.get(r["status"], 0) + 1
@@ -293,6 +321,8 @@ def main():
     ap.add_argument("--only", default="", help="run only targets whose name contains this")
     ap.add_argument("--tokens", action="store_true", help="the token methods' functions (FastVAR, LazyVAR, "
                     "StepVAR, ToMe) instead of the decorated ones")
+    ap.add_argument("--infra", action="store_true", help="table rendering, sharding, sweeps, the leaderboard "
+                    "and the fidelity metrics (make mutation-infra)")
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     args = ap.parse_args()
     os.chdir(ROOT)
@@ -305,7 +335,8 @@ def main():
     torch.set_num_threads(1)
     totals = {}
     survivors, records = [], []
-    for module, qualname, tests in (TOKEN_TARGETS if args.tokens else TARGETS):
+    kind = "tokens" if args.tokens else "infra" if args.infra else "decorated"
+    for module, qualname, tests in {"tokens": TOKEN_TARGETS, "infra": INFRA_TARGETS, "decorated": TARGETS}[kind]:
         name = f"{module}.{qualname}"
         if args.only not in name:
             continue
@@ -346,7 +377,7 @@ def main():
     if args.list:
         return
     # --only replaces the run functions' records and keeps the rest, so a long run can be done in parts
-    out = TOKEN_RESULTS if args.tokens else RESULTS
+    out = {"tokens": TOKEN_RESULTS, "infra": INFRA_RESULTS, "decorated": RESULTS}[kind]
     run = {(r["file"], r["function"]) for r in records}
     earlier = []
     if args.only and os.path.exists(out):
@@ -362,7 +393,8 @@ def main():
         k, t = c.get("killed", 0) + c.get("killed by slow tests", 0), sum(c.values())
         all_k, all_t = all_k + k, all_t + t
         print(f"  {key}: {k}/{t} killed; " + ", ".join(f"{s} {n}" for s, n in sorted(c.items())))
-    print(f"mutation score ({'token methods' if args.tokens else 'decorated functions'}): {all_k}/{all_t} killed")
+    label = {"tokens": "token methods", "infra": "tables and metrics", "decorated": "decorated functions"}[kind]
+    print(f"mutation score ({label}): {all_k}/{all_t} killed")
     print("not killed:")
     for status, tag in survivors:
         print(f"  {status}: {tag}")
