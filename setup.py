@@ -7,8 +7,8 @@ differed from it, and the time of the build) into the built package; `bench.io.g
 when it finds no checkout. A build from an sdist or any folder without git writes nothing, and the
 records then say "unknown", as before.
 """
+import importlib.util
 import json
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -18,12 +18,13 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).resolve().parent
 
 
-def _git(*args):
-    try:
-        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
+def _provenance():
+    """bench/io.py's own git_commit / git_dirty, the ones records use, loaded by path: the build
+    environment has none of the package's dependencies, and io.py needs only the standard library."""
+    spec = importlib.util.spec_from_file_location("_varbench_io", ROOT / "bench" / "io.py")
+    io = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(io)
+    return io.git_commit(), io.git_dirty()
 
 
 class build_py_with_commit(build_py):
@@ -31,11 +32,10 @@ class build_py_with_commit(build_py):
         super().run()
         target = Path(self.build_lib) / "bench" / "_build_info.json"
         target.unlink(missing_ok=True)   # an earlier build's stamp in a reused build/ folder would lie
-        commit = _git("rev-parse", "HEAD") if (ROOT / ".git").exists() else None
-        if not commit:
+        commit, dirty = _provenance()
+        if commit == "unknown":          # no checkout here (e.g. an sdist): nothing to stamp
             return
-        status = _git("status", "--porcelain", "--untracked-files=no")
-        info = {"git_commit": commit, "git_dirty": None if status is None else bool(status),
+        info = {"git_commit": commit, "git_dirty": dirty,
                 "built": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(info, indent=1) + "\n")

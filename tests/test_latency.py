@@ -544,7 +544,11 @@ def test_random_weights_of_a_paper_text_to_image_model_are_refused(capsys, tmp_p
 def test_more_threads_than_usable_cpus_is_warned_before_timing(monkeypatch, capsys):
     import bench.benches.latency as BL
     import bench.latency as L
-    assert LatencyBench().threads == len(os.sched_getaffinity(0))   # the default: the CPUs this process may use
+    # the default: the CPUs this process may use (its affinity mask), not the machine's count
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert LatencyBench().threads == 1
+    monkeypatch.undo()
     monkeypatch.setattr(BL, "available_cpus", lambda: 2)
 
     class Timed(Exception):

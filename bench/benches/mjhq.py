@@ -135,9 +135,10 @@ def score_folder(bench: "_MJHQBench", folder, n: int, stream, progress: bool = T
     import torch
 
     from bench.io import read_image
+    if not Path(folder).exists():
+        raise FileNotFoundError(f"MJHQ image folder {folder} not found (`varbench mjhq generate {folder}` writes it)")
     if not Path(folder).is_dir():
-        raise FileNotFoundError(f"MJHQ image folder {folder} not found (`varbench mjhq generate {folder}` "
-                                f"writes it)" if not Path(folder).exists() else f"{folder} is not a folder")
+        raise FileNotFoundError(f"{folder} is not a folder")
     chosen = bench.chosen(n)
     paths = [_existing(folder, r.category, r.id) for r in chosen.itertuples()]
     missing = [str(image_path(folder, r.category, r.id)) for r, p in zip(chosen.itertuples(), paths) if p is None]

@@ -25,10 +25,11 @@ def cmd_latency(args) -> int:
     if len(set(chains)) != len(chains):
         raise ValueError(f"--method given twice with the same chain: {chains}")
     from bench.benches.latency import available_cpus
-    if device == "cpu" and args.threads and args.threads > available_cpus():
-        print(f"varbench: warning: --threads {args.threads} is more than the {available_cpus()} CPUs this process may "
-              f"use: the threads will share cores and the timings measure that contention (the default is "
-              f"{available_cpus()})", file=sys.stderr)
+    cpus = available_cpus()
+    if device == "cpu" and args.threads and args.threads > cpus:
+        print(f"varbench: warning: --threads {args.threads} is more than the {cpus} CPUs this process may use: the "
+              f"threads will share cores and the timings measure that contention (the default is {cpus})",
+              file=sys.stderr)
     from bench.latency import latency_specs, report, run_latency
     setting = dict(device=device, batch=args.batch, threads=args.threads, compile=args.compile, warmup=args.warmup)
     specs, labels = [], []
