@@ -280,7 +280,13 @@ def op_counts(package: str | os.PathLike) -> Dict[str, Dict[str, int]]:
     path = Path(package)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such Core ML package")
-    spec = ct.utils.load_spec(str(path))
+    from google.protobuf.message import DecodeError
+    try:
+        spec = ct.utils.load_spec(str(path))
+    except (RuntimeError, DecodeError, OSError) as e:
+        # coremltools says only "valid manifest does not exist" or "wire format was corrupt"
+        raise ValueError(f"{path}: not a readable Core ML package ({type(e).__name__}: {e}); "
+                         f"write one with `varbench coreml export MODEL --out X.mlpackage`") from e
     if spec.WhichOneof("Type") != "mlProgram":
         raise ValueError(f"{path}: not an ML program (op counts need one)")
     out = {}

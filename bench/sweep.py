@@ -125,9 +125,14 @@ def parse(data: Any, where: str = "sweep", world: Optional[str] = None) -> Sweep
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n <= 0):
         raise SweepError(f"{where}: n must be a positive integer (images per run), got {n!r}")
     sampling = data.get("sampling") or {}
-    if not isinstance(sampling, dict) or any(k not in SAMPLING_FLAGS for k in sampling):
-        raise SweepError(f"{where}: sampling may set {', '.join(SAMPLING_FLAGS)} (the `varbench run` flags), "
-                         f"got {sampling!r}")
+    if not isinstance(sampling, dict):
+        raise SweepError(f"{where}: sampling must be a mapping such as `sampling: {{cfg: 1.5}}`, got {sampling!r}")
+    for k in sampling:
+        if k not in SAMPLING_FLAGS:
+            close = difflib.get_close_matches(str(k), list(SAMPLING_FLAGS), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else "."
+            raise SweepError(f"{where}: sampling has no key {k!r}{hint} It may set {', '.join(SAMPLING_FLAGS)} "
+                             f"(the `varbench run` flags)")
     try:
         sampling = defaults.check_sampling(sampling, where=f"{where}: sampling")
     except ValueError as e:

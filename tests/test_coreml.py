@@ -125,6 +125,14 @@ def test_cli_ops_and_bad_input(dense_package, tmp_path, capsys):
     assert "ops (without const)" in text and "scale_0" in text
     assert main(["coreml", "ops", str(tmp_path / "nope.mlpackage")]) == 2
     assert "no such Core ML package" in capsys.readouterr().err
+    # a folder without a manifest, and a file that is not a Core ML spec: named, no traceback
+    (tmp_path / "empty.mlpackage").mkdir()
+    (tmp_path / "text.mlmodel").write_text("not a model\n")
+    for bad, why in [("empty.mlpackage", "Manifest.json"), ("text.mlmodel", "DecodeError")]:
+        assert main(["coreml", "ops", str(tmp_path / bad)]) == 2
+        err = capsys.readouterr().err
+        assert f"{tmp_path / bad}: not a readable Core ML package" in err and why in err, err
+        assert "varbench coreml export" in err
     assert main(["coreml", "export", "tiny-var", "--out", str(tmp_path / "x.zip")]) == 2
     assert "must end in .mlpackage" in capsys.readouterr().err
     assert main(["coreml", "export", "tiny-vr", "--out", str(tmp_path / "x.mlpackage")]) == 2

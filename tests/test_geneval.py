@@ -297,6 +297,10 @@ def test_cli_import_and_bad_options(tmp_path, capsys):
     assert "KEY=VALUE" in capsys.readouterr().err
     assert main(["geneval", "import", str(tmp_path / "nope.jsonl")]) == 2
     capsys.readouterr()
+    (tmp_path / "text.jsonl").write_text("filename,tag\n")     # a CSV by mistake: the file is named
+    assert main(["geneval", "import", str(tmp_path / "text.jsonl")]) == 2
+    assert f"{tmp_path / 'text.jsonl'}: not a GenEval results file (one JSON object per line)" in \
+        capsys.readouterr().err
     assert main(["geneval", "score", str(tmp_path), "--bench", "shapes-c2i"]) == 2
     assert "not a GenEval bench; GenEval benches: geneval, shapes-geneval" in capsys.readouterr().err
     assert main(["geneval", "score", str(tmp_path)]) == 2

@@ -39,6 +39,28 @@ def test_the_grid_expands_in_order_to_the_specs_run_would_make():
     assert len(specs) == 1 and repeats == 1 and specs[0].bench == "shapes-c2i" and specs[0].seed == 0
 
 
+def test_cells_without_checkpoints_here_match_a_record_of_any_checkpoint(tmp_path):
+    """Listing a paper-world sweep on a machine without its checkpoints (``need_ckpt=False``): a cell is
+    done when a record matches it on everything but the checkpoint identity (a record synced from the
+    machine that ran it); unreadable files are skipped, and a missing results folder means nothing is done."""
+    import dataclasses
+    grid = {"world": "paper", "models": ["var-d16"], "methods": ["dense", "magnitude:sparsity=0.2", "magnitude"],
+            "benches": ["imagenet256"], "seeds": [0], "n": 1000}
+    specs, _ = sweep.expand(sweep.parse(grid), need_ckpt=False)
+    assert [s.ckpt for s in specs] == [None] * 3
+    root = tmp_path / "results"
+    assert sweep.finished(specs, root) == [False, False, False]          # no results folder: no error
+    with_ckpt = dataclasses.replace(specs[1], ckpt={"var_d16.pth": "ab" * 32, "vae_ch160v4096z32.pth": "cd" * 32})
+    assert with_ckpt.key() != specs[1].key() and with_ckpt.path(root) != specs[1].path(root)
+    assert sweep.finished([with_ckpt], root) == [False]
+    fake_record(with_ckpt, root)
+    (with_ckpt.path(root).parent / "broken.json").write_text("{")
+    assert sweep.finished(specs, root) == [False, True, False]
+    assert sweep.finished([with_ckpt, specs[1]], root) == [True, True]
+    other = dataclasses.replace(with_ckpt, ckpt={"var_d16.pth": "ef" * 32, "vae_ch160v4096z32.pth": "cd" * 32})
+    assert sweep.finished([other], root) == [False]     # with checkpoint identity: only its own record counts
+
+
 def test_finished_cells_are_skipped_and_the_rest_run_in_order(tmp_path, monkeypatch, capsys):
     path, root = write(tmp_path, GRID), tmp_path / "results"
     specs, _ = sweep.expand(sweep.parse(GRID))
@@ -92,7 +114,9 @@ def test_emitted_commands_make_exactly_the_todo_cells(tmp_path, capsys):
     ({"benches": ["shapes-c2"]}, "benches[0]: unknown bench 'shapes-c2'; did you mean 'shapes-c2i' or 'shapes-mjhq' or 'shapes-geneval'?"),
     ({"seed": [0]}, "unknown key 'seed'; did you mean 'seeds'?"),
     ({"benches": ["latency"]}, "latency is not an image bench; run it with `varbench latency`"),
-    ({"sampling": {"more_smooth": True}}, "sampling may set cfg, top_k, top_p"),
+    ({"sampling": {"more_smooth": True}}, "sampling has no key 'more_smooth'. It may set cfg, top_k, top_p"),
+    ({"sampling": {"cgf": 1.0}}, "sampling has no key 'cgf'; did you mean 'cfg'? It may set cfg, top_k, top_p"),
+    ({"sampling": [1.5]}, "sampling must be a mapping such as `sampling: {cfg: 1.5}`, got [1.5]"),
     ({"seeds": [-1]}, "seeds[0]"),
     ({"n": 25}, "needs a positive multiple of its 12 classes"),
     ({"methods": ["magnitude:sparsity=2.0"]}, "cell tiny-var magnitude:sparsity=2.0 @ shapes-c2i seed 0: "

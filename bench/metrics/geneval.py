@@ -202,7 +202,10 @@ def read_results(path):
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GenEval results {path} not found (the --outfile of evaluation/evaluate_images.py)")
-    df = pd.read_json(path, orient="records", lines=True)
+    try:
+        df = pd.read_json(path, orient="records", lines=True)
+    except ValueError as e:     # pandas names neither the file nor the line
+        raise ValueError(f"{path}: not a GenEval results file (one JSON object per line): {e}") from None
     missing = {"tag", "correct", "metadata"} - set(df.columns)
     if missing:
         raise ValueError(f"{path}: not a GenEval results file, missing column(s) {', '.join(sorted(missing))}")
