@@ -131,8 +131,8 @@ def _convert(name: str, key: str, d: Mapping[str, Any], raw: Any) -> Any:
         else:
             val = str(raw)
     except (TypeError, ValueError, KeyError):
-        rng = _range_text(d)
-        raise SpecError(f"{name}: parameter {key}={raw!r} is not a finite {kind}{rng}") from None
+        what = {"float": "a finite number", "int": "an integer", "bool": "true or false (or yes/no, 1/0)"}.get(kind, kind)
+        raise SpecError(f"{name}: parameter {key}={raw!r} is not {what}{_range_text(d)}") from None
     return val
 
 
@@ -162,7 +162,8 @@ def resolve_params(name: str, given: Mapping[str, Any]) -> Dict[str, Any]:
         val = _convert(name, key, d, raw)
         lo, hi, choices = d.get("min"), d.get("max"), d.get("choices")
         if (lo is not None and val < lo) or (hi is not None and val > hi):
-            raise SpecError(f"{name}: parameter {key}={val} out of range [{lo}, {hi}]")
+            raise SpecError(f"{name}: parameter {key}={val} out of range "
+                            f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]")
         if choices is not None and val not in choices:
             close = difflib.get_close_matches(str(val), list(map(str, choices)), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""

@@ -29,7 +29,7 @@ def err_of(capsys, argv, code=2):
     (["--n", "13"], "positive multiple of its 12 classes"),
     (["--method", "+"], "empty method in chain"),
     (["--method", ""], "empty method in chain"),
-    (["--method", "magnitude:sparsity=nan"], "not a finite float"),
+    (["--method", "magnitude:sparsity=nan"], "sparsity='nan' is not a finite number (range [0.0, 0.9])"),
     (["--method", "magnitude:sparsity=1.5"], "out of range [0.0, 0.9]"),
     (["--method", "magnitud"], "did you mean 'magnitude'"),
     (["--method", "magnitude:sparsty=0.4"], "did you mean 'sparsity'"),
