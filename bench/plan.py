@@ -114,9 +114,10 @@ def _diff(old: Mapping[str, Any], new: RunSpec) -> str:
         return "made before record keys covered method defaults, versions and checkpoints (schema 1)"
     if list(old["methods"]) != list(new.methods):
         out.append(f"method parameters now resolve to {' + '.join(new.methods) or 'dense'}")
-    if old["method_versions"] != new.method_versions:
-        ch = [f"{k} v{old['method_versions'].get(k)}→v{v}" for k, v in new.method_versions.items()
-              if old["method_versions"].get(k) != v]
+    # a method new to the chain is said by the line above; only versions of methods in both count here
+    ch = [f"{k} v{old['method_versions'][k]}→v{v}" for k, v in new.method_versions.items()
+          if k in old["method_versions"] and old["method_versions"][k] != v]
+    if ch:
         out.append("method version " + ", ".join(ch))
     if new.ckpt is not None and old.get("ckpt") != new.ckpt:
         out.append("checkpoint files changed")
