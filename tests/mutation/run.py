@@ -10,11 +10,12 @@ passing run means it survived, a run past the time limit is a timeout. One worke
     .venv/bin/python tests/mutation/run.py [--only SUBSTRING] [--list]
     .venv/bin/python tests/mutation/run.py --tokens [--only SUBSTRING]   # the token methods (make mutation-tokens)
     .venv/bin/python tests/mutation/run.py --infra [--only SUBSTRING]    # tables, records, metrics (make mutation-infra)
+    .venv/bin/python tests/mutation/run.py --core [--only SUBSTRING]     # run identity: specs, records (make mutation-core)
     .venv/bin/python tests/mutation/run.py --summary   # per-file score of mutmut's run + this one
 
 Results go to mutants/decorated-results.json, with --tokens to mutants/token-results.json, with --infra to
-mutants/infra-results.json (mutants/ is mutmut's work folder, git-ignored); a run with --only replaces its
-functions' results and keeps the rest.
+mutants/infra-results.json, with --core to mutants/core-results.json (mutants/ is mutmut's work folder,
+git-ignored); a run with --only replaces its functions' results and keeps the rest.
 """
 from __future__ import annotations
 
@@ -89,6 +90,20 @@ INFRA_TARGETS = [(m, fn, [tests] if isinstance(tests, str) else tests) for m, fn
     ("bench.metrics.mjhq", "category_fids", _MJHQ_FAST), ("bench.metrics.mjhq", "select", _MJHQ_FAST),
     ("bench.metrics.clip_score", "clip_score_metric", _MJHQ_FAST),
 ]]
+# Run identity: method specs and their canonical spelling, sampling and seed checks, run keys, record
+# validation, migration and lookup, staleness. A survivor here can make a table reuse the wrong record silently.
+CORE_TESTS = ["tests/test_spec.py", "tests/test_record_checks.py", "tests/test_records.py", "tests/test_registry.py",
+              "tests/test_cli_inputs.py", "tests/test_staleness.py"]
+CORE_TARGETS = [(m, fn, CORE_TESTS) for m, fns in [
+    ("bench.spec", ["_canonical_value", "parse_method", "_text", "format_method", "parse_chain", "_convert",
+                    "_range_text", "resolve_params", "resolve_method", "resolve_chain"]),
+    ("bench.defaults", ["check_sampling", "model_sampling", "check_seed"]),
+    ("bench.records", ["_canonical_json", "RunSpec.__post_init__", "RunSpec.key_dict", "RunSpec.from_dict",
+                       "RunSpec.key", "_json_ok", "_finite", "_metric", "make_record", "validate_record",
+                       "_migrate_1_to_2", "upgrade_record", "read_record", "find_record", "record_paths",
+                       "accounting_key", "load_accounting", "iter_records"]),
+    ("bench.plan", ["_diff", "staleness", "match_records"]),
+] for fn in fns]
 DESELECT = ["tests/test_methods.py::test_ft_lowers_the_training_loss"]
 
 SWAP_BIN = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
@@ -218,6 +233,7 @@ def run_tests(tests, fn=None, new_code=None, timeout=600.0, deselect=DESELECT):
 RESULTS = os.path.join("mutants", "decorated-results.json")
 TOKEN_RESULTS = os.path.join("mutants", "token-results.json")
 INFRA_RESULTS = os.path.join("mutants", "infra-results.json")
+CORE_RESULTS = os.path.join("mutants", "core-results.json")
 RECHECK = os.path.join("mutants", "recheck-results.json")
 # Second tier: the slow tests that [tool.mutmut] leaves out, run only on mutmut's survivors.
 SLOW_SAMPLING = ["tests/test_sampling.py::test_identity_policy_is_bit_identical_and_sees_every_sublayer",
@@ -295,7 +311,8 @@ def summary():
             c[st] = c.get(st, 0) + 1
             if not st.startswith("killed") and st != "caught by type check":
                 survivors.append(f"{st}: {name}")
-    for results, label in ((RESULTS, "decorated"), (TOKEN_RESULTS, "token methods"), (INFRA_RESULTS, "tables and metrics")):
+    for results, label in ((RESULTS, "decorated"), (TOKEN_RESULTS, "token methods"), (INFRA_RESULTS, "tables and metrics"),
+                           (CORE_RESULTS, "specs and records")):
         for r in (json.load(open(results)) if os.path.exists(results) else []):
             c = per_file.setdefault(r["file"] + f" ({label}, tests/mutation/run.py)", {})
             c[r["status"]] = c.get(r["status"], 0) + 1
@@ -323,6 +340,8 @@ def main():
                     "StepVAR, ToMe) instead of the decorated ones")
     ap.add_argument("--infra", action="store_true", help="table rendering, sharding, sweeps, the leaderboard "
                     "and the fidelity metrics (make mutation-infra)")
+    ap.add_argument("--core", action="store_true", help="run identity: method specs, sampling and seed checks, "
+                    "run keys, record validation and lookup (make mutation-core)")
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     args = ap.parse_args()
     os.chdir(ROOT)
@@ -335,8 +354,9 @@ def main():
     torch.set_num_threads(1)
     totals = {}
     survivors, records = [], []
-    kind = "tokens" if args.tokens else "infra" if args.infra else "decorated"
-    for module, qualname, tests in {"tokens": TOKEN_TARGETS, "infra": INFRA_TARGETS, "decorated": TARGETS}[kind]:
+    kind = "tokens" if args.tokens else "infra" if args.infra else "core" if args.core else "decorated"
+    for module, qualname, tests in {"tokens": TOKEN_TARGETS, "infra": INFRA_TARGETS, "core": CORE_TARGETS,
+                                    "decorated": TARGETS}[kind]:
         name = f"{module}.{qualname}"
         if args.only not in name:
             continue
@@ -377,7 +397,7 @@ def main():
     if args.list:
         return
     # --only replaces the run functions' records and keeps the rest, so a long run can be done in parts
-    out = {"tokens": TOKEN_RESULTS, "infra": INFRA_RESULTS, "decorated": RESULTS}[kind]
+    out = {"tokens": TOKEN_RESULTS, "infra": INFRA_RESULTS, "core": CORE_RESULTS, "decorated": RESULTS}[kind]
     run = {(r["file"], r["function"]) for r in records}
     earlier = []
     if args.only and os.path.exists(out):
@@ -393,7 +413,8 @@ def main():
         k, t = c.get("killed", 0) + c.get("killed by slow tests", 0), sum(c.values())
         all_k, all_t = all_k + k, all_t + t
         print(f"  {key}: {k}/{t} killed; " + ", ".join(f"{s} {n}" for s, n in sorted(c.items())))
-    label = {"tokens": "token methods", "infra": "tables and metrics", "decorated": "decorated functions"}[kind]
+    label = {"tokens": "token methods", "infra": "tables and metrics", "core": "specs and records",
+             "decorated": "decorated functions"}[kind]
     print(f"mutation score ({label}): {all_k}/{all_t} killed")
     print("not killed:")
     for status, tag in survivors:
