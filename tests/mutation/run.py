@@ -341,7 +341,7 @@ def main():
     ap.add_argument("--infra", action="store_true", help="table rendering, sharding, sweeps, the leaderboard "
                     "and the fidelity metrics (make mutation-infra)")
     ap.add_argument("--core", action="store_true", help="run identity: method specs, sampling and seed checks, "
-                    "run keys, record validation and lookup (make mutation-core)")
+                    "run keys, record validation, lookup and staleness (make mutation-core)")
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     args = ap.parse_args()
     os.chdir(ROOT)
