@@ -93,7 +93,7 @@ INFRA_TARGETS = [(m, fn, [tests] if isinstance(tests, str) else tests) for m, fn
 # Run identity: method specs and their canonical spelling, sampling and seed checks, run keys, record
 # validation, migration and lookup, staleness. A survivor here can make a table reuse the wrong record silently.
 CORE_TESTS = ["tests/test_spec.py", "tests/test_record_checks.py", "tests/test_records.py", "tests/test_registry.py",
-              "tests/test_cli_inputs.py", "tests/test_staleness.py"]
+              "tests/test_cli_inputs.py", "tests/test_staleness.py", "tests/test_make_spec.py"]
 CORE_TARGETS = [(m, fn, CORE_TESTS) for m, fns in [
     ("bench.spec", ["_canonical_value", "parse_method", "_text", "format_method", "parse_chain", "_convert",
                     "_range_text", "resolve_params", "resolve_method", "resolve_chain"]),
@@ -102,7 +102,7 @@ CORE_TARGETS = [(m, fn, CORE_TESTS) for m, fns in [
                        "RunSpec.key", "_json_ok", "_finite", "_metric", "make_record", "validate_record",
                        "_migrate_1_to_2", "upgrade_record", "read_record", "find_record", "record_paths",
                        "accounting_key", "load_accounting", "iter_records"]),
-    ("bench.plan", ["_diff", "staleness", "match_records"]),
+    ("bench.plan", ["check_chain_fits", "requested_chain", "make_spec", "_diff", "staleness", "match_records"]),
 ] for fn in fns]
 DESELECT = ["tests/test_methods.py::test_ft_lowers_the_training_loss"]
 
