@@ -169,9 +169,7 @@ def table_cells(table, world: str, n: Optional[int] = None, seed: int = 0,
         for gi, group in enumerate(table.groups):
             bench_name = table.bench_for(world, group)
             own = world in group.bench   # a group with its own bench has its own n (the table's --n is not its)
-            n = group.n.get(world) if own else table_n
-            if n is None:
-                n = BENCHES.get(bench_name).default_n
+            n = group.n.get(world) if own else table_n      # None: the bench's default (make_spec)
             if model is None:
                 cells.append(Cell(row.label, gi, reason=table.skip_reason(row, world)))
                 continue

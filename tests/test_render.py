@@ -353,6 +353,18 @@ def test_world_params_set_a_per_world_schedule_unless_the_chain_sets_it(tmp_path
         _toy([{"label": "Mag", "method": "magnitude"}], {"moon": {"ft": {"epochs": 3}}})
 
 
+def test_a_row_whose_method_varbench_lacks_is_an_empty_cell_that_says_so():
+    spec = _toy([{"label": "X", "method": "nope:sparsity=0.2"}, {"label": "Y", "methods": ["magnitude", "zz", "nope"]},
+                 {"label": "M", "method": "magnitude"}])
+    cells = table_cells(spec, "tiny")
+    assert [(c.row, c.group, c.reason) for c in cells if c.spec is None] == [
+        ("X", 0, "not computed: method(s) nope not implemented in varbench yet"),
+        ("X", 1, "not computed: method(s) nope not implemented in varbench yet"),
+        ("Y", 0, "not computed: method(s) nope, zz not implemented in varbench yet"),
+        ("Y", 1, "not computed: method(s) nope, zz not implemented in varbench yet")]
+    assert [(c.row, c.spec.n, c.spec.bench) for c in cells if c.spec] == [("M", 600, "shapes-c2i")] * 2   # the bench's n
+
+
 def test_kendall_tau_per_column_against_the_paper(tmp_path):
     from scipy.stats import kendalltau
     labels = ["Dense", "A", "B", "C", "D"]
