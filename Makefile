@@ -83,7 +83,8 @@ mutation-infra: setup
 
 # Mutation score of run identity: method specs and their canonical spelling, the sampling and seed checks,
 # run keys, record validation, migration, lookup and staleness (tests/mutation/run.py --core), against the records,
-# spec, make_spec, staleness, registry and CLI-input tests. NOT part of `make test`: ~960 mutants, under an hour on 2 CPUs.
+# spec, make_spec, staleness, registry and CLI-input tests (table_cells: the table tests). NOT part of `make test`:
+# ~1000 mutants, about an hour on 2 CPUs.
 mutation-core: setup
 	$(BIN)/python tests/mutation/run.py --core
 	$(BIN)/python tests/mutation/run.py --summary
