@@ -139,9 +139,8 @@ def figure_names() -> List[str]:
 def load_figure(name: str) -> Dict[str, Any]:
     path = figures_dir() / f"{name}.yaml"
     if not path.is_file():
-        import difflib
-        close = difflib.get_close_matches(name, figure_names(), n=3, cutoff=0.5)
-        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else "."
+        from bench.registry import did_you_mean
+        hint = did_you_mean(name, figure_names(), n=3, cutoff=0.5) or "."
         raise FigureSpecError(f"unknown figure {name!r}{hint} Known figures: {', '.join(figure_names())}")
     spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     k = spec.get("kind")

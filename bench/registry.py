@@ -27,6 +27,13 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 import yaml
 
 
+def did_you_mean(word: Any, known, n: int = 1, cutoff: float = 0.6) -> str:
+    """``"; did you mean 'a' or 'b'?"`` for the closest of ``known`` to ``word`` (difflib), or ``""``: the one
+    hint every "unknown name" message of varbench uses."""
+    close = difflib.get_close_matches(str(word), [str(k) for k in known], n=n, cutoff=cutoff)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
 class UnknownNameError(KeyError):
     """A name that no registry entry has. The message suggests the closest names and lists all."""
 
@@ -102,8 +109,7 @@ class Registry:
 
     def unknown_message(self, name: str) -> str:
         known = self.names()
-        close = difflib.get_close_matches(str(name), known, n=3, cutoff=0.5)
-        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else "."
+        hint = did_you_mean(name, known, n=3, cutoff=0.5) or "."
         return f"unknown {self.kind} {name!r}{hint} Known {self.plural}: {', '.join(known) or '(none)'}"
 
     def names(self) -> list:

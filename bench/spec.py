@@ -20,9 +20,10 @@ are the same resolved spec (and hence the same record). ``dense`` resolves to th
 """
 from __future__ import annotations
 
-import difflib
 import math
 from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
+
+from bench.registry import did_you_mean
 
 KINDS = ("weights", "tokens", "recovery")
 _BOOL = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
@@ -150,9 +151,8 @@ def resolve_params(name: str, given: Mapping[str, Any]) -> Dict[str, Any]:
     decl = _declaration(name).get("params") or {}
     for k in given:
         if k not in decl:
-            close = difflib.get_close_matches(k, list(decl), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else "."
-            raise SpecError(f"method {name!r} has no parameter {k!r}{hint} Parameters: {', '.join(decl) or '(none)'}")
+            raise SpecError(f"method {name!r} has no parameter {k!r}{did_you_mean(k, decl) or '.'} "
+                            f"Parameters: {', '.join(decl) or '(none)'}")
     out: Dict[str, Any] = {}
     for key, d in decl.items():
         raw = given.get(key, d.get("default"))
@@ -165,9 +165,8 @@ def resolve_params(name: str, given: Mapping[str, Any]) -> Dict[str, Any]:
             raise SpecError(f"{name}: parameter {key}={val} out of range "
                             f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]")
         if choices is not None and val not in choices:
-            close = difflib.get_close_matches(str(val), list(map(str, choices)), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise SpecError(f"{name}: parameter {key}={val!r} must be one of {', '.join(map(str, choices))}{hint}")
+            raise SpecError(f"{name}: parameter {key}={val!r} must be one of {', '.join(map(str, choices))}"
+                            f"{did_you_mean(val, choices)}")
         out[key] = val
     return out
 

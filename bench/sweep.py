@@ -25,7 +25,6 @@ errors that name the file and the entry, with the registry's "did you mean" sugg
 """
 from __future__ import annotations
 
-import difflib
 import itertools
 import shlex
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ import yaml
 
 from bench import defaults
 from bench.records import RunSpec
-from bench.registry import BENCHES, MODELS, UnknownNameError
+from bench.registry import BENCHES, MODELS, UnknownNameError, did_you_mean
 
 KEYS = ("world", "models", "methods", "benches", "seeds", "n", "sampling")
 SAMPLING_FLAGS = {"cfg": "--cfg", "top_k": "--top-k", "top_p": "--top-p"}   # what a command line can carry
@@ -99,9 +98,7 @@ def parse(data: Any, where: str = "sweep", world: Optional[str] = None) -> Sweep
         raise SweepError(f"{where}: expected a mapping with keys {', '.join(KEYS)}, got {type(data).__name__}")
     for k in data:
         if k not in KEYS:
-            close = difflib.get_close_matches(str(k), KEYS, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else "."
-            raise SweepError(f"{where}: unknown key {k!r}{hint} Keys: {', '.join(KEYS)}")
+            raise SweepError(f"{where}: unknown key {k!r}{did_you_mean(k, KEYS) or '.'} Keys: {', '.join(KEYS)}")
     if "models" not in data:
         raise SweepError(f"{where}: no models; add e.g. `models: [tiny-var]` (varbench list models)")
     world = world or data.get("world")
@@ -129,10 +126,8 @@ def parse(data: Any, where: str = "sweep", world: Optional[str] = None) -> Sweep
         raise SweepError(f"{where}: sampling must be a mapping such as `sampling: {{cfg: 1.5}}`, got {sampling!r}")
     for k in sampling:
         if k not in SAMPLING_FLAGS:
-            close = difflib.get_close_matches(str(k), list(SAMPLING_FLAGS), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else "."
-            raise SweepError(f"{where}: sampling has no key {k!r}{hint} It may set {', '.join(SAMPLING_FLAGS)} "
-                             f"(the `varbench run` flags)")
+            raise SweepError(f"{where}: sampling has no key {k!r}{did_you_mean(k, SAMPLING_FLAGS) or '.'} It may set "
+                             f"{', '.join(SAMPLING_FLAGS)} (the `varbench run` flags)")
     try:
         sampling = defaults.check_sampling(sampling, where=f"{where}: sampling")
     except ValueError as e:

@@ -53,10 +53,8 @@ def _options(options: Optional[Mapping]) -> dict:
     opts = dict(DEFAULTS)
     for k, v in (options or {}).items():
         if k not in DEFAULTS:
-            import difflib
-            close = difflib.get_close_matches(k, DEFAULTS, n=1)
-            raise ValueError(f"unknown GenEval option {k!r}" + (f"; did you mean {close[0]!r}?" if close else "")
-                             + f" (options: {', '.join(DEFAULTS)})")
+            from bench.registry import did_you_mean
+            raise ValueError(f"unknown GenEval option {k!r}{did_you_mean(k, DEFAULTS)} (options: {', '.join(DEFAULTS)})")
         opts[k] = type(DEFAULTS[k])(v)
     return opts
 

@@ -20,7 +20,6 @@
 """
 from __future__ import annotations
 
-import difflib
 import os
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
@@ -30,6 +29,7 @@ import torch.nn as nn
 
 from bench.models.configs import TextConfig
 from bench.models.t2i import TextEncoder
+from bench.registry import did_you_mean
 
 T5_SOURCE = "https://huggingface.co/google/flan-t5-xl"
 # google/flan-t5-xl's config.json (the encoder half is what Infinity uses): for weight-free accounting.
@@ -58,9 +58,8 @@ class WordTokenizer:
                 raise ValueError(f"prompt {p!r} has {len(words)} words, more than max_len={self.max_len}")
             for j, w in enumerate(words):
                 if w not in self.ids or w == self.vocab[0]:
-                    close = difflib.get_close_matches(w, self.vocab[1:], n=3)
-                    hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
-                    raise ValueError(f"unknown word {w!r} in prompt {p!r}{hint} (vocabulary: {' '.join(self.vocab[1:])})")
+                    raise ValueError(f"unknown word {w!r} in prompt {p!r}{did_you_mean(w, self.vocab[1:], n=3)} "
+                                     f"(vocabulary: {' '.join(self.vocab[1:])})")
                 ids[i, j] = self.ids[w]
         return ids, ids != 0
 
