@@ -46,3 +46,13 @@ def test_cli_list_models(capsys):
     assert main(["list", "models"]) == 0
     out = capsys.readouterr().out.split()
     assert {"var-d16", "var-d20", "var-d24", "var-d30"} <= set(out)
+
+
+def test_did_you_mean_hints():
+    from bench.registry import did_you_mean
+    assert did_you_mean("magnitud", ["magnitude", "evar"]) == "; did you mean 'magnitude'?"
+    assert did_you_mean("tiny-vr", ["tiny-var", "tiny-t2i", "var-d16"], n=3, cutoff=0.5) == \
+        "; did you mean 'tiny-var' or 'tiny-t2i'?"
+    assert did_you_mean("zzz", ["magnitude"]) == ""
+    assert did_you_mean(0.5, [0.25, 0.55]) == "; did you mean '0.55'?"     # names of any type, compared as text
+    assert did_you_mean("cgf", {"cfg": 1, "top_k": 2}) == "; did you mean 'cfg'?"

@@ -98,6 +98,7 @@ CORE_TARGETS = [(m, fn, CORE_TESTS) for m, fns in [
     ("bench.spec", ["_canonical_value", "parse_method", "_text", "format_method", "parse_chain", "_convert",
                     "_range_text", "resolve_params", "resolve_method", "resolve_chain"]),
     ("bench.defaults", ["check_sampling", "model_sampling", "check_seed"]),
+    ("bench.registry", ["did_you_mean"]),
     ("bench.records", ["_canonical_json", "RunSpec.__post_init__", "RunSpec.key_dict", "RunSpec.from_dict",
                        "RunSpec.key", "_json_ok", "_finite", "_metric", "make_record", "validate_record",
                        "_migrate_1_to_2", "upgrade_record", "read_record", "find_record", "record_paths",
