@@ -44,7 +44,11 @@ def train(gen: Generator, ctx, name: str, epochs: float, lr: float, batch: int, 
           make_loss: Callable[[], StepLoss]) -> List[Dict[str, float]]:
     """Fine-tune ``gen.var`` in place for ``epochs`` passes over the training split; returns each
     step's stats (empty when no step is taken). ``make_loss`` is called once, after the data are
-    loaded and before the first step (it may build a teacher); never when there are 0 steps."""
+    loaded and before the first step (it may build a teacher); never when there are 0 steps.
+
+    Steps: ceil(round(epochs·N) / batch) for N = ``ctx.epoch_size``, over one seeded permutation of the
+    split per started epoch. Every batch is full except the last of a whole epoch, so a fractional
+    epoch's last batch may take up to batch − 1 images beyond round(epochs·N) from its permutation."""
     if ctx.data is None or ctx.epoch_size <= 0:
         raise ValueError(f"{name} needs training data: the bench provides none (Context.data / epoch_size)")
     n = int(round(epochs * ctx.epoch_size))

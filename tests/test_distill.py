@@ -1,11 +1,12 @@
 """Distillation recovery (kd, psad) and the shared per-scale losses, against hand computations."""
 import copy
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from bench.distill import forward_pair, scale_ce, scale_kl, token_terms
+from bench.distill import build_teacher, forward_pair, scale_ce, scale_kl, token_terms
 from bench.method import Context, apply_chain, build_method
 from bench.models.generator import Generator
 from bench.models.var import VAR
@@ -154,3 +155,144 @@ def test_a_few_steps_of_distillation_lower_the_kl(spec):
     before = _kl_to(teacher, student)
     student = apply_chain(student, [spec], _ctx(student, teacher, n=256))
     assert _kl_to(teacher, student) < 0.8 * before     # ft (CE only) raises it here
+
+
+# ------------------------------------------------------------------ the shared training loop
+def _train_run(monkeypatch, epochs, epoch_size, batch, seed=3, lr=0.01, wd=0.05):
+    """bench.distill.train on a loss that does not read its images: what the loop hands the loss (image
+    ids, training progress t) and what the optimiser is given at each step."""
+    from bench import distill
+    log = {"lr": [], "ids": [], "t": [], "asked": [], "made": 0, "clip": []}
+
+    class Recorder(torch.optim.AdamW):
+        def step(self, closure=None):
+            g = self.param_groups[0]
+            log["lr"].append(g["lr"])
+            log["opt"] = (g["betas"], g["weight_decay"])
+            return super().step(closure)
+
+    clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.optim, "AdamW", Recorder)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda ps, max_norm: log["clip"].append(max_norm) or clip(ps, max_norm))
+    gen = _gen()
+    ids = torch.arange(epoch_size)
+
+    def data(n, split):
+        log["asked"].append((n, split))
+        return ids, [ids.view(-1, 1) * 10]
+
+    def make_loss():
+        log["made"] += 1
+
+        def loss(labels_B, tokens, t):
+            assert torch.equal(tokens[0].flatten(), labels_B * 10)    # an image's tokens travel with its label
+            log["ids"] += labels_B.tolist()
+            log["t"].append(t)
+            return (gen.var.head.weight ** 2).sum(), {"step": float(len(log["t"]))}
+        return loss
+
+    ctx = Context(progress=False, seed=seed, epoch_size=epoch_size, data=data)
+    gen.var.eval()
+    history = distill.train(gen, ctx, "demo", epochs, lr, batch, wd, make_loss)
+    return log, history, ctx, gen
+
+
+def test_train_epochs_batches_progress_and_schedule(monkeypatch):
+    log, history, ctx, gen = _train_run(monkeypatch, epochs=2, epoch_size=8, batch=3)
+    steps = 6                                                   # ceil(2·8 / 3)
+    assert log["asked"] == [(8, "train")] and log["made"] == 1 and not gen.var.training
+    assert sorted(log["ids"][:8]) == list(range(8)) == sorted(log["ids"][8:16])   # each epoch: every image once
+    assert log["ids"][:8] != list(range(8)) and len(log["ids"]) == 16                # shuffled; last batch of 1
+    assert log["t"] == [s / steps for s in range(steps)] and history == [{"step": float(s + 1)} for s in range(steps)]
+    warm = 1                                                    # max(1, steps // 20)
+    assert log["lr"] == pytest.approx([0.01 * min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * s / steps))
+                                       for s in range(steps)], rel=1e-12)
+    assert log["opt"] == ((0.9, 0.95), 0.05) and log["clip"] == [2.0] * steps
+    assert ctx.notes == ["demo: 6 steps of batch 3 (2 epoch(s) of 8 images)"]
+    again, _, _, _ = _train_run(monkeypatch, epochs=2, epoch_size=8, batch=3)
+    other, _, _, _ = _train_run(monkeypatch, epochs=2, epoch_size=8, batch=3, seed=4)
+    assert again["ids"] == log["ids"] != other["ids"]          # the order is the context's seed's
+
+
+def test_train_warms_up_over_a_twentieth_and_takes_fractional_epochs(monkeypatch):
+    log, _, ctx, _ = _train_run(monkeypatch, epochs=1, epoch_size=40, batch=1)
+    steps, warm = 40, 2
+    assert log["lr"] == pytest.approx([0.01 * min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * s / steps))
+                                       for s in range(steps)], rel=1e-12)
+    assert log["lr"][0] == pytest.approx(0.005)
+    log, _, ctx, _ = _train_run(monkeypatch, epochs=0.5, epoch_size=8, batch=3)
+    # round(0.5·8) = 4 images in ceil(4/3) = 2 steps of full batches: 6 distinct images of one permutation
+    assert len(log["ids"]) == 6 and len(set(log["ids"])) == 6 and log["t"] == [0.0, 0.5]
+    assert ctx.notes == ["demo: 2 steps of batch 3 (0.5 epoch(s) of 8 images)"]
+
+
+def test_train_with_no_step_and_without_data(monkeypatch):
+    log, history, ctx, _ = _train_run(monkeypatch, epochs=0, epoch_size=8, batch=3)
+    assert history == [] and log["asked"] == [] and log["made"] == 0 and ctx.notes == ["demo: 0 steps (epochs=0)"]
+    from bench.distill import train
+    msg = r"^demo needs training data: the bench provides none \(Context.data / epoch_size\)$"
+    for ctx in (Context(progress=False, epoch_size=8), Context(progress=False, data=lambda n, s: None, epoch_size=0)):
+        with pytest.raises(ValueError, match=msg):
+            train(_gen(), ctx, "demo", 1, 0.01, 3, 0.0, lambda: None)
+
+
+# ------------------------------------------------------------------ teacher, paired forward, variants
+def test_teacher_is_a_frozen_eval_copy_and_must_match_the_student():
+    gen = _gen().train()
+    ctx = Context(progress=False)
+    teacher = build_teacher(gen, ctx, "kd")
+    assert teacher is not gen and not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+    assert gen.var.training and all(p.requires_grad for p in gen.var.parameters())
+    assert ctx.notes == ["kd: no teacher in the context; distilled from a copy of the incoming model"]
+    given = _gen(seed=3).train()
+    ctx = Context(progress=False, teacher=lambda: given)
+    assert build_teacher(gen, ctx, "psad") is given and not given.training and ctx.notes == []
+    assert not any(p.requires_grad for p in given.parameters())
+    for other in (SMALL_VAR.replace(vocab_size=32), SMALL_VAR.replace(patch_nums=(1, 2, 4, 8))):
+        wrong = Generator(VAR(other), VQVAE(dataclasses.replace(SMALL_VAE, vocab_size=other.vocab_size,
+                                                                 patch_nums=other.patch_nums)))
+        with pytest.raises(ValueError, match=r"^psad: teacher and student disagree on vocabulary or scales$"):
+            build_teacher(gen, Context(progress=False, teacher=lambda w=wrong: w), "psad")
+
+
+def test_forward_pair_drops_no_label_in_eval_mode():
+    gen = _gen(drop=0.5).eval()
+    seen = {}
+    gen.var.class_emb.register_forward_hook(lambda mod, inp, out: seen.__setitem__("labels", inp[0].clone()))
+    labels = torch.arange(64) % gen.var.num_classes
+    forward_pair(gen, copy.deepcopy(gen), labels, [torch.zeros(64, pn * pn, dtype=torch.long) for pn in gen.patch_nums])
+    assert torch.equal(seen["labels"], labels)
+
+
+def test_psad_variants_log_their_own_loss_terms():
+    """lr 0 (the student stays put): variant=code logs its task term as the plain token-mean CE; the paper
+    variant's first steps open only scale 0, so its task term is scale 0's CE, not the mean."""
+    teacher = _gen()
+    student = _gen(seed=4)
+    hist = {}
+    for variant in ("code", "paper"):
+        m = build_method(f"psad:variant={variant},lr=0,batch=16")
+        ctx = _ctx(student, teacher, n=32)
+        m.apply(student, ctx)
+        hist[variant] = m.history
+        assert all(set(h) == {"ce", "kl", "task", "distill"} for h in m.history)
+        assert ctx.notes == ["psad: 2 steps of batch 16 (1 epoch(s) of 32 images)"]
+    assert all(h["task"] == pytest.approx(h["ce"], rel=1e-6) for h in hist["code"])
+    assert hist["paper"][0]["task"] != pytest.approx(hist["paper"][0]["ce"], rel=1e-3)
+
+
+def test_kd_notes_and_tau_squared():
+    teacher, student = _gen(), _gen(seed=4)
+    ctx = _ctx(student, teacher, n=16)
+    build_method("kd:lr=0,batch=16").apply(student, ctx)
+    assert ctx.notes == ["kd: 1 steps of batch 16 (1 epoch(s) of 16 images)"]
+    s, t, y = _logits(3)
+    ce_BL, kl_BL = token_terms(s, t, y, 3.0)
+    assert kd_loss(ce_BL, kl_BL, 3.0)[2].item() == pytest.approx(9 * kl_BL.mean().item(), rel=1e-6)
+
+
+def test_one_scale_edge_cases():
+    from methods.psad import code_scale_weights, onsets
+    assert onsets(1, 0.6, 0.1).tolist() == [-0.1] and onsets(2, 0.6, 0.1).tolist() == pytest.approx([-0.1, 0.6])
+    assert code_scale_weights(1).tolist() == [2.0]
+    assert code_scale_weights(2).tolist() == pytest.approx([2.0, 0.2])

@@ -3,6 +3,7 @@ central differences of the loss along a unit's weights, second-order terms by mi
 differences, element gradients by finite differences; pruning removes the lowest scores exactly;
 scoring leaves the model as it was."""
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -10,7 +11,11 @@ import torch.nn.functional as F
 
 from bench.importance import PRUNABLE, prunable, unit_sums
 from bench.method import Context
+from bench.models.generator import Generator
+from bench.models.var import VAR
+from bench.models.vqvae import VQVAE
 from bench.registry import METHODS
+from tests.conftest import SMALL_VAE, SMALL_VAR, randomize_
 
 
 def _teacher_loss(gen, labels, tokens):
@@ -271,3 +276,42 @@ def test_unit_sums_cover_every_coupled_slice(small_gen):
             e[name][j] = 1
         heads, channels = unit_sums(b, e)
         assert heads.abs().sum() == 0 and channels[j] == size and channels.sum() == size and len(channels) == Fh, name
+
+
+@pytest.mark.parametrize("name,note", [
+    ("taylor", "taylor: square-sum scores from 4 calibration images in 2 batch(es) of ≤2"),
+    ("llm-pruner", "llm-pruner: param_first scores from 4 calibration images"),
+    ("oba", "oba: delta=0, exact Hessian-vector products from 4 calibration images in 2 batch(es) of ≤2")])
+def test_calibration_split_training_mode_and_notes(name, note):
+    """Scores come from the bench's ``calib`` split, are computed in eval mode whatever the model's mode
+    (label dropout and drop path off), and the note says how; no data is a clear error."""
+    cfg = dataclasses.replace(SMALL_VAR, cond_drop_rate=0.9, drop_path_rate=0.5)
+    gen = Generator(randomize_(VAR(cfg), 1), randomize_(VQVAE(SMALL_VAE), 2)).train()
+    data = _data(gen, 4)
+    asked = []
+    ctx = Context(progress=False, data=lambda n, split: (asked.append((n, split)), _ctx(data).data(n, split))[1])
+    scores_train = METHODS.get(name)(n_calib=4, batch=2).scores(gen, ctx)
+    assert asked and set(asked) == {(4, "calib")} and ctx.notes == [note]
+    scores_eval = METHODS.get(name)(n_calib=4, batch=2).scores(gen.eval(), _ctx(data))
+    assert all(torch.equal(a[i], b[i]) for a, b in zip(scores_train, scores_eval) for i in a)
+    with pytest.raises(ValueError, match=rf"^{name} needs calibration data: the bench provides none \(Context.data\)$"):
+        METHODS.get(name)(n_calib=4).scores(gen, Context(progress=False))
+
+
+def test_llm_pruner_second_order_note_names_the_fisher_batches(small_gen):
+    ctx = _ctx(_data(small_gen, 2))
+    METHODS.get("llm-pruner")(n_calib=2, taylor="param_mix", fisher_batch=2).scores(small_gen, ctx)
+    assert ctx.notes == ["llm-pruner: param_mix scores from 2 calibration images, Fisher from batches of 2"]
+
+
+def test_batch_weights_are_each_batchs_share_and_grads_are_cleared(small_gen):
+    from bench.importance import batch_grads, batch_hvps, split
+    data = _data(small_gen, 5)
+    batches = split(data, 2, small_gen.device)
+    assert [len(lab) for lab, _ in batches] == [2, 2, 1]
+    params = prunable(small_gen)
+    w = params[0]["ffn.fc1.weight"]
+    w.grad = torch.ones_like(w)
+    assert [round(wb, 9) for wb, _ in batch_grads(small_gen, params, batches)] == [0.4, 0.4, 0.2]
+    assert [round(wb, 9) for wb, _, _ in batch_hvps(small_gen, params, batches)] == [0.4, 0.4, 0.2]
+    assert w.grad is None

@@ -250,3 +250,36 @@ def test_magnitude_norm_and_scope_choose_different_units(norm, scope, role):
 def test_the_log_schedule_note_appears_only_when_the_schedule_is_log(name):
     notes = lambda spec: [d for d in build_method(spec).deviations if d.startswith("schedule=log")]  # noqa: E731
     assert notes(f"{name}:schedule=log") and not notes(f"{name}:schedule=uniform")
+
+
+@pytest.mark.parametrize("name", ["evar", "slimgpt", "taylor", "llm-pruner", "oba"])
+def test_structured_pruners_on_meta_keep_the_first_units_and_need_no_data(small_gen, name):
+    """Weight-free accounting (``varbench info``): on the meta device only the sizes matter, so no
+    calibration data are read (the context has none) and the first units are kept."""
+    from bench.models.generator import Generator
+    with torch.device("meta"):
+        meta = Generator(type(small_gen.var)(small_gen.var.cfg), type(small_gen.vae)(small_gen.vae.cfg))
+    out = build_method(f"{name}:sparsity=0.5").apply(meta, Context(progress=False))
+    assert out.var.cfg.heads == (1, 1) and out.var.cfg.ffn_hidden == (256, 256) and out.device.type == "meta"
+
+
+@pytest.mark.parametrize("name", ["evar", "slimgpt", "taylor", "llm-pruner", "oba", "magnitude"])
+def test_sparsity_zero_reads_no_data_and_says_so(small_gen, name):
+    def no_data(n, split):
+        raise AssertionError("sparsity 0 must not calibrate")
+    ctx = Context(progress=False, data=no_data)
+    out = build_method(f"{name}:sparsity=0").apply(small_gen, ctx)
+    assert out is small_gen and ctx.notes == [f"{name}: sparsity 0, model unchanged"]
+
+
+def test_recovery_on_meta_is_skipped_by_the_chain(small_gen):
+    """Training changes no size: a chain on the meta device skips recovery methods (which would need
+    training data) and their notes."""
+    from bench.models.generator import Generator
+    with torch.device("meta"):
+        meta = Generator(type(small_gen.var)(small_gen.var.cfg), type(small_gen.vae)(small_gen.vae.cfg))
+    ctx = Context(progress=False)
+    out = apply_chain(meta, ["magnitude:sparsity=0.5", "ft", "kd", "psad"], ctx)
+    assert out.var.cfg.heads == (1, 1) and all(n.startswith("magnitude") for n in ctx.notes)
+    with pytest.raises(ValueError, match="ft needs training data"):
+        apply_chain(small_gen, ["ft"], Context(progress=False))

@@ -2,6 +2,7 @@
 built on them, ``evar`` and ``slimgpt``: brute-force checks of the OBS algebra, the Hessian forms,
 the counts, and end-to-end properties of the pruned models."""
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from bench.method import Context
 from bench.models.generator import Generator
 from bench.models.var import VAR, VARConfig, sizes_in
 from bench.models.vqvae import VQVAE
-from bench.obs import dgs_sizes, n_pruned, struct_prune
+from bench.obs import dgs_sizes, n_pruned, prune_channels, prune_heads, struct_prune
 from bench.prune import block_sparsities
 from bench.registry import METHODS
 from tests.conftest import SMALL_VAE, SMALL_VAR, randomize_
@@ -103,11 +104,77 @@ def test_dead_inputs_and_damping():
         struct_prune(W, torch.ones(4, 4, dtype=torch.float64), 1, percdamp=0.0)
 
 
+def test_dead_inputs_and_damping_are_prepared_as_official():
+    """Dead inputs get H_pp = 1 and W_:,p = 0 *before* the damping λ = percdamp·mean(diag H) is taken,
+    so struct_prune equals an undamped run on the Hessian prepared by hand."""
+    g = torch.Generator().manual_seed(4)
+    W, H = torch.randn(3, 8, generator=g, dtype=torch.float64), 7.0 * _spd(8, seed=4)
+    H[2, :] = H[:, 2] = 0
+    H[5, :] = H[:, 5] = 0
+    ready_W, ready_H = W.clone(), H.clone()
+    ready_W[:, [2, 5]] = 0
+    ready_H[[2, 5], [2, 5]] = 1
+    ready_H += 0.05 * ready_H.diag().mean() * torch.eye(8, dtype=torch.float64)
+    for n, headsize in ((3, 1), (2, 2)):
+        cols, Wc = struct_prune(W, H, n, headsize, percdamp=0.05)
+        ref_cols, ref_W = struct_prune(ready_W, ready_H, n, headsize, percdamp=0.0)
+        assert cols.tolist() == ref_cols.tolist() and torch.allclose(Wc, ref_W, rtol=0, atol=1e-12)
+    # the comparison can tell: damping the prepared Hessian a second time changes the compensation
+    assert not torch.allclose(struct_prune(W, H, 3, percdamp=0.05)[1], struct_prune(ready_W, ready_H, 3, percdamp=0.05)[1])
+
+
+def test_struct_prune_refuses_shapes_that_do_not_fit():
+    W, H = torch.ones(4, 10), torch.eye(10)
+    with pytest.raises(ValueError, match=r"^W \(4, 10\), H \(10, 10\) and headsize 3 do not fit$"):
+        struct_prune(W, H, 1, headsize=3)
+    with pytest.raises(ValueError, match=r"^W \(4, 10\), H \(10, 9\) and headsize 1 do not fit$"):
+        struct_prune(W, torch.eye(10)[:, :9], 1)
+    with pytest.raises(ValueError, match=r"^the Hessian is not positive definite: more calibration data or a "
+                                         r"larger percdamp is needed$"):
+        struct_prune(W, -H, 1, percdamp=0.0)
+
+
+def _greedy_heads(W, H, n, c):
+    """SlimGPT's head loop written out: score every remaining head by Σ W² / (diag of the Cholesky factor
+    of its c×c block of H⁻¹)², remove the lowest, compensate all the removed columns jointly (the
+    least-squares optimum), remove the head from H; repeat."""
+    W, H, gone = W.clone(), H.clone(), []
+    for _ in range(n):
+        Hinv = torch.linalg.inv(H)
+        score = [float("inf") if h in gone else
+                 float((W[:, h * c:(h + 1) * c] ** 2 / torch.linalg.cholesky(Hinv[h * c:(h + 1) * c, h * c:(h + 1) * c])
+                        .diagonal() ** 2).sum()) for h in range(W.shape[1] // c)]
+        gone.append(min(range(len(score)), key=score.__getitem__))
+        cols = torch.tensor([h * c + j for h in sorted(gone) for j in range(c)])
+        W = _ls_optimum(W, H, cols)[0]
+        H[cols, :] = 0
+        H[:, cols] = 0
+        H[cols, cols] = 1
+    return sorted(gone), W
+
+
+@pytest.mark.parametrize("c", [2, 3])
+def test_heads_follow_the_greedy_grouped_cholesky_loop(c):
+    """Three heads of five, on twelve seeds: the heads and weights of the loop written out by hand."""
+    for seed in range(12):
+        g = torch.Generator().manual_seed(seed)
+        W, H = torch.randn(4, 5 * c, generator=g, dtype=torch.float64), _spd(5 * c, 5 * c + 2, seed=seed)
+        cols, Wc = struct_prune(W, H, 3, headsize=c, percdamp=0.0)
+        heads, ref_W = _greedy_heads(W, H, 3, c)
+        assert cols.tolist() == [h * c + j for h in heads for j in range(c)], seed
+        assert torch.allclose(Wc, ref_W, atol=1e-9), seed
+
+
 def test_counts_and_dynamic_group_sizes():
     assert n_pruned(16, 0.4) == 6 and n_pruned(4096, 0.4) == 1638 and n_pruned(4096, 0.2) == 819
     assert n_pruned(5, 0.5) == 2 and n_pruned(7, 0.5) == 4          # Python round: half to even
     assert n_pruned(2, 0.9) == 1                                     # a block keeps one unit
     assert dgs_sizes(1638) == [563] + [64] * 16 + [51]               # VAR-d16 at 40% (EVAR-code)
+    # larger targets: the 1024 cap, then b ← (b − 512)//2 from the uncapped b (1244 → 366; 1245 → 366)
+    assert dgs_sizes(3000) == [1024, 366] + [64] * 25 + [10]
+    assert dgs_sizes(3003) == [1024, 366] + [64] * 25 + [13]
+    assert dgs_sizes(3840) == [1024, 576] + [64] * 35                # VAR-d30 at 50%: 7680 → 3840
+    assert all(type(b) is int for b in dgs_sizes(3003)) and dgs_sizes(20) == [20]
     g = torch.Generator().manual_seed(2)
     trace = []
     cols, _ = struct_prune(torch.randn(4, 800, generator=g), _spd(800, 900).float(), 720, trace=trace)
@@ -185,6 +252,30 @@ def test_single_scale_modes_use_only_their_scale():
         scale_weights("fifth", 4)
 
 
+def test_weight_and_hessian_refusals_and_edge_cases():
+    assert decay_weights(1, "linear") == decay_weights(1, "exp") == [2.0] and decay_weights(1, "none") == [1.0]
+    with pytest.raises(ValueError, match=r"^unknown decay 'cosine'; expected one of \('linear', 'exp', 'none'\)$"):
+        decay_weights(4, "cosine")
+    with pytest.raises(ValueError, match=r"^unknown calibration mode 'middle'; expected one of \('first', 'fifth', "
+                                         r"'last', 'concat', 'pyramid'\)$"):
+        scale_weights("middle", 10)
+    assert scale_weights("fifth", 5) == [0.0, 0.0, 0.0, 0.0, 1.0] and scale_weights("last", 3) == [0.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match=r"^calib=fifth needs at least 5 scales, the model has 4$"):
+        scale_weights("fifth", 4)
+    for bad in ([1.0, 2.0], [1.0] * 6 + [-0.1]):
+        with pytest.raises(ValueError, match=r"^need 7 non-negative scale weights, got \[1\.0, "):
+            Hessian(6, BEGIN_ENDS, bad)
+    acc = Hessian(6, BEGIN_ENDS, [0.0] * 7)              # zero weights are allowed (a single-scale mode)
+    with pytest.raises(ValueError, match=r"^no calibration data was added$"):
+        _ = acc.H
+    with pytest.raises(ValueError, match=rf"^inputs have 5 positions, the pyramid has {BEGIN_ENDS[-1][1]}$"):
+        acc.add(torch.zeros(1, 5, 6))
+    x = _xs(n=1)[0][:1].double()                           # one image is enough
+    one = Hessian(6, BEGIN_ENDS)
+    one.add(x)
+    assert torch.allclose(one.H, 2 * x[0].T @ x[0] / BEGIN_ENDS[-1][1], rtol=1e-5)
+
+
 def test_stream_reproduces_teacher_forcing_and_block_inputs(small_gen):
     labels, tokens = _data(small_gen, 6)
     x, cond = block0_inputs(small_gen, labels, tokens)
@@ -203,6 +294,28 @@ def test_stream_reproduces_teacher_forcing_and_block_inputs(small_gen):
     small_gen.var.train()          # the stream calibrates in eval mode and restores the mode
     H = Stream(small_gen, labels, tokens, batch=4).collect(1, {"fc2": small_gen.var.blocks[1].ffn.fc2}, w)["fc2"]
     assert torch.allclose(H, ref.H, rtol=0, atol=1e-5 * float(ref.H.abs().max())) and small_gen.var.training
+
+
+def test_stream_calibrates_in_eval_mode_and_stops_after_the_last_wanted_input():
+    """Drop path (block 1's attention branch here) would make a training-mode Hessian random: the stream
+    switches to eval mode and back. With ``stop``, the rest of the block after the wanted input never
+    runs; no hook is left on the layers."""
+    cfg = dataclasses.replace(SMALL_VAR, drop_path_rate=0.5)
+    gen = Generator(randomize_(VAR(cfg), 1), randomize_(VQVAE(SMALL_VAE), 2)).train()
+    labels, tokens = _data(gen, 6)
+    b1 = gen.var.blocks[1]
+    fc2 = {"fc2": b1.ffn.fc2}
+    H_train = Stream(gen, labels, tokens, batch=4).collect(1, fc2)["fc2"]
+    assert gen.var.training
+    H_eval = Stream(gen.eval(), labels, tokens, batch=4).collect(1, fc2)["fc2"]
+    assert torch.equal(H_train, H_eval)
+    runs = []
+    h = b1.ffn.fc2.register_forward_pre_hook(lambda m, i: runs.append(1))
+    Stream(gen, labels, tokens, batch=4).collect(1, {"proj": b1.attn.proj}, stop="proj")
+    assert runs == [] and not b1.attn.proj._forward_pre_hooks
+    Stream(gen, labels, tokens, batch=4).collect(1, {"proj": b1.attn.proj})
+    h.remove()
+    assert runs == [1, 1] and not b1.attn.proj._forward_pre_hooks and not b1.ffn.fc2._forward_pre_hooks
 
 
 # ------------------------------------------------------------------------------------------- methods
@@ -293,3 +406,30 @@ def test_pruned_model_saves_and_loads_strict(small_gen, spec):
     fresh = VAR(sizes_in(sd, SMALL_VAR))
     fresh.load_state_dict(sd, strict=True)
     assert torch.equal(_logits(Generator(fresh, pruned.vae)), _logits(pruned))
+
+
+@pytest.mark.parametrize("name,note", [
+    ("evar", "evar: calibrated on 8 images (calib=pyramid, decay=linear, compensate=True)"),
+    ("slimgpt", "slimgpt: calibrated on 8 images, per-block sparsity 0.000,0.800")])
+def test_calibration_split_skipped_blocks_and_notes(small_gen, name, note):
+    """The calibration images come from the ``calib`` split; a block at sparsity 0 (the log schedule's
+    first) is neither calibrated nor listed as pruned; the note says what was done."""
+    asked = []
+    ctx = Context(progress=False, data=lambda n, split: (asked.append((n, split)), _data(small_gen, n))[1])
+    m = METHODS.get(name)(sparsity=0.4, schedule="log", n_calib=8)
+    m.apply(small_gen, ctx)
+    assert asked == [(8, "calib")] and list(m.pruned) == [1] and ctx.notes == [note]
+
+
+def test_a_block_with_no_unit_to_remove_is_left_as_it_is(small_gen):
+    """round(2·0.2) = 0 heads and round(512·0.0009) = 0 channels: nothing removed, nothing returned."""
+    b = small_gen.var.blocks[0]
+    before = copy.deepcopy(b.state_dict())
+    gone_h = prune_heads(b, torch.eye(128, dtype=torch.float64), 0.2)
+    gone_c = prune_channels(b, torch.eye(512, dtype=torch.float64), 0.0009)
+    assert gone_h.tolist() == [] and gone_c.tolist() == [] and gone_h.dtype == gone_c.dtype == torch.long
+    after = b.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    # one unit: round(512·0.002) = 1 channel, round(2·0.5) = 1 head
+    assert len(prune_channels(b, torch.eye(512, dtype=torch.float64), 0.002)) == 1 and b.ffn.fc2.in_features == 511
+    assert len(prune_heads(b, torch.eye(128, dtype=torch.float64), 0.5)) == 1 and b.attn.H == 1

@@ -105,6 +105,52 @@ CORE_TARGETS = [(m, fn, CORE_TESTS) for m, fns in [
                        "accounting_key", "load_accounting", "iter_records"]),
     ("bench.plan", ["check_chain_fits", "requested_chain", "make_spec", "_diff", "staleness", "match_records"]),
 ] for fn in fns] + [("bench.plan", fn, ["tests/test_render.py"]) for fn in ("table_cells", "unique_specs")]
+# The structured pruners: OBS with compensation (EVAR, SlimGPT), their calibration Hessians, the gradient
+# scores (Taylor, LLM-Pruner, OBA), the pruner base, and the distillation losses (PSAD, KD), each against
+# its own tests. A survivor here is a method that prunes or distils differently from its paper. (Constructors
+# that call super() are left out: their code has a __class__ cell the driver cannot swap.)
+_OBS = ["tests/test_obs.py"]
+_GRAD = ["tests/test_grad_methods.py"]
+_DISTILL = ["tests/test_distill.py"]
+_BASE = ["tests/test_methods.py", "tests/test_obs.py", "tests/test_grad_methods.py"]
+PRUNING_TARGETS = [(m, fn, tests) for m, fns, tests in [
+    ("bench.obs", ["n_pruned", "dgs_sizes", "_cholesky", "struct_prune", "prune_heads", "prune_channels"], _OBS),
+    ("bench.calib", ["decay_weights", "scale_weights", "Hessian.__init__", "Hessian.add", "Hessian.H",
+                     "block0_inputs", "Stream.__init__", "Stream.__len__", "Stream.block_inputs", "Stream.collect"], _OBS),
+    ("methods.evar", ["EVAR.calib_weights", "EVAR.prune"], _OBS),
+    ("methods.slimgpt", ["SlimGPT.prune"], _OBS),
+    ("bench.importance", ["prunable", "_flat", "_unflat", "calib_data", "split", "differentiating", "batch_grads",
+                          "mean_grad", "fisher_diag", "batch_hvps", "zero_scores", "unit_sums"], _GRAD),
+    ("methods.taylor", ["Taylor.scores"], _GRAD),
+    ("methods.llm_pruner", ["LLMPruner.scores"], _GRAD),
+    ("methods.oba", ["OBA.scores"], _GRAD),
+    ("bench.method", ["StructuredPruner.sparsities", "StructuredPruner.apply",
+                      "StructuredPruner.prune", "apply_chain"], _BASE),
+    ("bench.method", ["split_for_ranks"], ["tests/test_shard.py", "-k", "split_into"]),
+    ("bench.distill", ["train", "build_teacher", "forward_pair", "scale_sizes", "per_scale_sum", "token_kl",
+                       "token_ce", "token_terms", "scale_kl", "scale_ce_sum", "scale_ce"], _DISTILL),
+    ("methods.psad", ["onsets", "gates", "scale_weights", "code_scale_weights", "paper_loss", "code_loss",
+                      "PSAD.apply"], _DISTILL),
+    ("methods.kd", ["kd_loss", "KD.apply"], _DISTILL),
+] for fn in fns]
+# What the cost columns are made of: parameter and FLOP counts, KV-cache sizes, the info contract, and the
+# latency bench's statistics, per-scale attribution and report, each against its own tests.
+_ACCOUNTING = ["tests/test_accounting.py", "tests/test_accounting_exact.py"]
+_T2I_COUNTS = ["tests/test_accounting_exact.py", "-k", "t2i or decode"]
+_HART_COUNTS = ["tests/test_accounting_exact.py", "-k", "hart"]
+_LATENCY = ["tests/test_latency.py"]
+MEASURE_TARGETS = [(m, fn, tests) for m, fns, tests in [
+    ("bench.accounting", ["_key", "count_params", "_meta_copy", "sampling_flops", "_per_scale_flops", "decode_flops",
+                          "kv_cache_values", "info", "model_cost", "pass_starts"], _ACCOUNTING),
+    ("bench.accounting", ["t2i_sampling_flops", "_t2i_count", "_shares", "t2i_decode_flops", "t2i_info"], _T2I_COUNTS),
+    ("bench.accounting", ["_hart_count", "hart_info"], _HART_COUNTS),
+    ("bench.latency", ["summarize"], _LATENCY + ["-k", "summary or protocol"]),
+    ("bench.latency", ["Timer.seconds"], _LATENCY + ["-k", "clock or breakdown"]),
+    ("bench.latency", ["report", "_criterion_text", "pass_model", "pass_cost_span", "predicted_scales_ms"],
+     _LATENCY + ["-k", "pass_model or pass_cost_span or report or per_scale"]),
+    ("bench.latency", ["weights_mb", "timed_generation", "latency_conditions", "latency_specs", "timing_partners"],
+     _LATENCY),
+] for fn in fns]
 DESELECT = ["tests/test_methods.py::test_ft_lowers_the_training_loss"]
 
 SWAP_BIN = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
@@ -196,6 +242,8 @@ def resolve(module, qualname):
     obj = importlib.import_module(module)
     for part in qualname.split("."):
         obj = getattr(obj, part)
+    if isinstance(obj, property):   # a property's getter is mutated like any method
+        obj = obj.fget
     return inspect.unwrap(obj)
 
 
@@ -235,6 +283,8 @@ RESULTS = os.path.join("mutants", "decorated-results.json")
 TOKEN_RESULTS = os.path.join("mutants", "token-results.json")
 INFRA_RESULTS = os.path.join("mutants", "infra-results.json")
 CORE_RESULTS = os.path.join("mutants", "core-results.json")
+PRUNING_RESULTS = os.path.join("mutants", "pruning-results.json")
+MEASURE_RESULTS = os.path.join("mutants", "measure-results.json")
 RECHECK = os.path.join("mutants", "recheck-results.json")
 # Second tier: the slow tests that [tool.mutmut] leaves out, run only on mutmut's survivors.
 SLOW_SAMPLING = ["tests/test_sampling.py::test_identity_policy_is_bit_identical_and_sees_every_sublayer",
@@ -313,7 +363,8 @@ def summary():
             if not st.startswith("killed") and st != "caught by type check":
                 survivors.append(f"{st}: {name}")
     for results, label in ((RESULTS, "decorated"), (TOKEN_RESULTS, "token methods"), (INFRA_RESULTS, "tables and metrics"),
-                           (CORE_RESULTS, "specs and records")):
+                           (CORE_RESULTS, "specs and records"), (PRUNING_RESULTS, "pruners and distillation"),
+                           (MEASURE_RESULTS, "costs and latency")):
         for r in (json.load(open(results)) if os.path.exists(results) else []):
             c = per_file.setdefault(r["file"] + f" ({label}, tests/mutation/run.py)", {})
             c[r["status"]] = c.get(r["status"], 0) + 1
@@ -343,6 +394,10 @@ def main():
                     "and the fidelity metrics (make mutation-infra)")
     ap.add_argument("--core", action="store_true", help="run identity: method specs, sampling and seed checks, "
                     "run keys, record validation, lookup and staleness (make mutation-core)")
+    ap.add_argument("--pruning", action="store_true", help="the structured pruners: OBS and its calibration, "
+                    "gradient scores, the pruner base, distillation losses (make mutation-pruning)")
+    ap.add_argument("--measure", action="store_true", help="the cost columns: parameter and FLOP counts, "
+                    "KV-cache sizes, latency statistics and report (make mutation-measure)")
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     args = ap.parse_args()
     os.chdir(ROOT)
@@ -355,8 +410,10 @@ def main():
     torch.set_num_threads(1)
     totals = {}
     survivors, records = [], []
-    kind = "tokens" if args.tokens else "infra" if args.infra else "core" if args.core else "decorated"
+    kind = "tokens" if args.tokens else "infra" if args.infra else "core" if args.core else \
+        "pruning" if args.pruning else "measure" if args.measure else "decorated"
     for module, qualname, tests in {"tokens": TOKEN_TARGETS, "infra": INFRA_TARGETS, "core": CORE_TARGETS,
+                                    "pruning": PRUNING_TARGETS, "measure": MEASURE_TARGETS,
                                     "decorated": TARGETS}[kind]:
         name = f"{module}.{qualname}"
         if args.only not in name:
@@ -398,7 +455,8 @@ def main():
     if args.list:
         return
     # --only replaces the run functions' records and keeps the rest, so a long run can be done in parts
-    out = {"tokens": TOKEN_RESULTS, "infra": INFRA_RESULTS, "core": CORE_RESULTS, "decorated": RESULTS}[kind]
+    out = {"tokens": TOKEN_RESULTS, "infra": INFRA_RESULTS, "core": CORE_RESULTS, "pruning": PRUNING_RESULTS,
+           "measure": MEASURE_RESULTS, "decorated": RESULTS}[kind]
     run = {(r["file"], r["function"]) for r in records}
     earlier = []
     if args.only and os.path.exists(out):
@@ -415,7 +473,8 @@ def main():
         all_k, all_t = all_k + k, all_t + t
         print(f"  {key}: {k}/{t} killed; " + ", ".join(f"{s} {n}" for s, n in sorted(c.items())))
     label = {"tokens": "token methods", "infra": "tables and metrics", "core": "specs and records",
-             "decorated": "decorated functions"}[kind]
+             "pruning": "pruners and distillation",
+             "measure": "costs and latency", "decorated": "decorated functions"}[kind]
     print(f"mutation score ({label}): {all_k}/{all_t} killed")
     print("not killed:")
     for status, tag in survivors:
