@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 WORLD   ?= tiny
 
-.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard setup-browser figures tiny-models tiny-t2i mutation mutation-tokens mutation-infra mutation-core clean
+.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard setup-browser figures tiny-models tiny-t2i mutation mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure clean
 
 setup: $(STAMP)
 
@@ -87,6 +87,21 @@ mutation-infra: setup
 # ~1000 mutants, about an hour on 2 CPUs.
 mutation-core: setup
 	$(BIN)/python tests/mutation/run.py --core
+	$(BIN)/python tests/mutation/run.py --summary
+
+# Mutation score of the structured pruners and the recovery losses: OBS with compensation and its calibration
+# Hessians (EVAR, SlimGPT), the gradient scores (Taylor, LLM-Pruner, OBA), the pruner base, the shared training
+# loop and the distillation losses (PSAD, KD), each against its own tests (tests/mutation/run.py --pruning).
+# NOT part of `make test`: ~900 mutants, about an hour on 2 CPUs; `--only NAME` runs one function.
+mutation-pruning: setup
+	$(BIN)/python tests/mutation/run.py --pruning
+	$(BIN)/python tests/mutation/run.py --summary
+
+# Mutation score of the cost columns: parameter and FLOP counts (VAR, text-to-image, HART, decoders), KV-cache
+# sizes, the info contract, and the latency bench's statistics, per-scale attribution and report
+# (tests/mutation/run.py --measure). NOT part of `make test`: ~900 mutants, about two hours on 2 CPUs.
+mutation-measure: setup
+	$(BIN)/python tests/mutation/run.py --measure
 	$(BIN)/python tests/mutation/run.py --summary
 
 clean:

@@ -94,6 +94,19 @@ def test_t2i_info_keys_and_values(t2i):
         "bits_per_token": 8, "sampling": {"cfg": 3.0, "tau": 1.0}}
 
 
+def test_t2i_info_counts_the_cards_guidance_and_the_text_encoder_it_has(t2i):
+    """cfg 1 in the card: the FLOPs are those of the conditional batch alone; a generator with its text
+    encoder counts that encoder's parameters (not FLAN-T5-XL's)."""
+    from bench.models.text import TinyTextEncoder
+    from tests.test_t2i import TEXT
+    card = types.SimpleNamespace(name="t2i-test", sampling={"cfg": 1.0}, image_size=16)
+    with torch.device("meta"):
+        meta = T2IGenerator(Infinity(SMALL_T2I), BSQVAE(SMALL_BSQ), TinyTextEncoder(TEXT), name="t2i-test")
+    out = acc.t2i_info(meta, card, text_tokens=4)
+    assert out["flops"] == out["flops_no_cfg"] == acc.t2i_sampling_flops(t2i, 4, cfg=None)
+    assert out["text_encoder_params"] == acc.count_params(meta.text_encoder) > 0
+
+
 def test_model_cost_of_a_text_to_image_model(t2i):
     """The prompt length of the count: TEXT_TOKENS, or the model's longest prompt if shorter (8 here)."""
     T = min(acc.TEXT_TOKENS, SMALL_T2I.text_maxlen)
@@ -137,6 +150,9 @@ def test_hart_flops_and_info_count_the_real_sampler(tmp_path, monkeypatch):
         cfg.context_token, cfg.L, cfg.depth, cfg.embed_dim)
     assert info["tokens_per_scale"] == [p * p for p in cfg.patch_nums] and info["image_size"] == cfg.image_size
     assert info["sampling"] == card.sampling and "methods" not in info
+    from bench.models.text import qwen2_params
+    assert info["text_encoder_params"] == qwen2_params()        # None without transformers
+    assert info["text_encoder"].startswith("Qwen2-1.5B config (assumed for Qwen2-VL-1.5B-Instruct")
     assert acc.hart_info(card, card.build("meta", cfg), ["fastvar"])["methods"] == ["fastvar"]
     cost = acc.model_cost(gen, {"cfg": 4.5}, per_scale=True)
     assert cost == {"params": info["params"], "tokenizer_params": info["tokenizer_params"], "text_encoder_params": None,

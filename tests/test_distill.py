@@ -215,8 +215,8 @@ def test_train_epochs_batches_progress_and_schedule(monkeypatch):
 
 
 def test_train_warms_up_over_a_twentieth_and_takes_fractional_epochs(monkeypatch):
-    log, _, ctx, _ = _train_run(monkeypatch, epochs=1, epoch_size=40, batch=1)
-    steps, warm = 40, 2
+    log, _, ctx, _ = _train_run(monkeypatch, epochs=1, epoch_size=41, batch=1)
+    steps, warm = 41, 2                                         # max(1, 41 // 20)
     assert log["lr"] == pytest.approx([0.01 * min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * s / steps))
                                        for s in range(steps)], rel=1e-12)
     assert log["lr"][0] == pytest.approx(0.005)
@@ -224,6 +224,8 @@ def test_train_warms_up_over_a_twentieth_and_takes_fractional_epochs(monkeypatch
     # round(0.5·8) = 4 images in ceil(4/3) = 2 steps of full batches: 6 distinct images of one permutation
     assert len(log["ids"]) == 6 and len(set(log["ids"])) == 6 and log["t"] == [0.0, 0.5]
     assert ctx.notes == ["demo: 2 steps of batch 3 (0.5 epoch(s) of 8 images)"]
+    log, history, ctx, _ = _train_run(monkeypatch, epochs=1, epoch_size=1, batch=1)
+    assert len(history) == 1 and log["t"] == [0.0] and log["lr"] == [0.01]     # one image, one step: full lr
 
 
 def test_train_with_no_step_and_without_data(monkeypatch):

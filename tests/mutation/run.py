@@ -144,10 +144,10 @@ MEASURE_TARGETS = [(m, fn, tests) for m, fns, tests in [
                           "kv_cache_values", "info", "model_cost", "pass_starts"], _ACCOUNTING),
     ("bench.accounting", ["t2i_sampling_flops", "_t2i_count", "_shares", "t2i_decode_flops", "t2i_info"], _T2I_COUNTS),
     ("bench.accounting", ["_hart_count", "hart_info"], _HART_COUNTS),
-    ("bench.latency", ["summarize"], _LATENCY + ["-k", "summary or protocol"]),
+    ("bench.latency", ["summarize"], _LATENCY + ["tests/test_latency_report.py", "-k", "summary or protocol or ci_is"]),
     ("bench.latency", ["Timer.seconds"], _LATENCY + ["-k", "clock or breakdown"]),
     ("bench.latency", ["report", "_criterion_text", "pass_model", "pass_cost_span", "predicted_scales_ms"],
-     _LATENCY + ["-k", "pass_model or pass_cost_span or report or per_scale"]),
+     _LATENCY + ["tests/test_latency_report.py", "-k", "pass_model or pass_cost_span or report or per_scale"]),
     ("bench.latency", ["weights_mb", "timed_generation", "latency_conditions", "latency_specs", "timing_partners"],
      _LATENCY),
 ] for fn in fns]
