@@ -604,10 +604,10 @@ def _criterion_text(cost: dict, base_cost: dict, scales_ms: float, b: float) -> 
                 f"{(1 - FLOPS_TOL) * flops_ratio:.2f}× is needed (scale 1, taken as measured, costs "
                 f"{base_cost['per_scale_ms'][0]:.0f} ms in both)")
     else:
+        # pass_cost_span's spans start at 0 or end at inf (the condition is linear in a)
         need = "would meet it " + ("at any fixed cost" if lo == 0 and hi == np.inf else
                                    f"with ≤ {hi:.1f} ms per pass" if lo == 0 else
-                                   f"with ≥ {lo:.1f} ms per pass" if hi == np.inf else
-                                   f"with {lo:.1f}–{hi:.1f} ms per pass")
+                                   f"with ≥ {lo:.1f} ms per pass")
     return (f"{share:.2f} of its FLOPs ratio ({'meets' if share >= 1 - FLOPS_TOL else 'misses'} the criterion); "
             f"the model {need}")
 

@@ -133,3 +133,15 @@ def test_pass_model_is_a_least_squares_line_with_its_r2():
     for bad in (dict(cost, per_scale_ms=t[:3], scale_flops=F_S[:3]), dict(cost, scale_flops=F_S[:4]),
                 dict(cost, scale_passes=[True, True, False, True, True]), {"per_scale_ms": t}):
         assert pass_model(bad) is None
+
+
+def test_pass_cost_span_when_the_passes_balance_exactly():
+    """tol 0, FLOPs ratio 2 and half the base's passes: c = 4 − 2·2 = 0, so a fixed cost changes nothing; the
+    criterion holds at every a or at none, as the zero-cost prediction says."""
+    from bench.latency import pass_cost_span
+    base = {"flops": 8e9, "scale_flops": [0, 2e9, 2e9, 2e9, 2e9], "scale_passes": [True] * 5,
+            "per_scale_ms": [0.0, 1.0, 1.0, 1.0, 1.0]}
+    fast = {"flops": 4e9, "scale_flops": [0, 1e9, 1e9, 1e9, 1e9], "scale_passes": [True, True, False, True, False]}
+    slow = dict(fast, scale_flops=[0, 1e9, 1e9, 1e9, 1.0001e9], flops=4e9)
+    assert pass_cost_span(fast, base, 1.0, tol=0.0) == (0.0, np.inf)     # 2·4 − 8 = 0 ≤ 0
+    assert pass_cost_span(slow, base, 1.0, tol=0.0) == (np.inf, 0.0)     # 2·4.0001 − 8 > 0
