@@ -66,42 +66,18 @@ mutation: setup
 	$(BIN)/python tests/mutation/run.py --recheck
 	$(BIN)/python tests/mutation/run.py --summary
 
-# Mutation score of the token methods (FastVAR, LazyVAR, StepVAR, ToMe: scoring, selection, restoration,
-# schedules), each function against its method's tests (tests/mutation/run.py --tokens). NOT part of
-# `make test` or `make mutation`: ~750 mutants, hours on 2 CPUs; `--only NAME` runs one function.
-mutation-tokens: setup
-	$(BIN)/python tests/mutation/run.py --tokens
-	$(BIN)/python tests/mutation/run.py --summary
-
-# Mutation score of what turns records into the numbers users read: table cells (relative columns, Kendall's
-# tau), the leaderboard's ranks and error bars, sharded merges, sweeps and the fidelity metrics, each function
-# against its own test file (tests/mutation/run.py --infra). NOT part of `make test`: ~900 mutants, about an
-# hour on 2 CPUs; `--only NAME` runs one function.
-mutation-infra: setup
-	$(BIN)/python tests/mutation/run.py --infra
-	$(BIN)/python tests/mutation/run.py --summary
-
-# Mutation score of run identity: method specs and their canonical spelling, the sampling and seed checks,
-# run keys, record validation, migration, lookup and staleness (tests/mutation/run.py --core), against the records,
-# spec, make_spec, staleness, registry and CLI-input tests (table_cells: the table tests). NOT part of `make test`:
-# ~1000 mutants, about an hour on 2 CPUs.
-mutation-core: setup
-	$(BIN)/python tests/mutation/run.py --core
-	$(BIN)/python tests/mutation/run.py --summary
-
-# Mutation score of the structured pruners and the recovery losses: OBS with compensation and its calibration
-# Hessians (EVAR, SlimGPT), the gradient scores (Taylor, LLM-Pruner, OBA), the pruner base, the shared training
-# loop and the distillation losses (PSAD, KD), each against its own tests (tests/mutation/run.py --pruning).
-# NOT part of `make test`: ~900 mutants, about an hour on 2 CPUs; `--only NAME` runs one function.
-mutation-pruning: setup
-	$(BIN)/python tests/mutation/run.py --pruning
-	$(BIN)/python tests/mutation/run.py --summary
-
-# Mutation score of the cost columns: parameter and FLOP counts (VAR, text-to-image, HART, decoders), KV-cache
-# sizes, the info contract, and the latency bench's statistics, per-scale attribution and report
-# (tests/mutation/run.py --measure). NOT part of `make test`: ~900 mutants, about two hours on 2 CPUs.
-mutation-measure: setup
-	$(BIN)/python tests/mutation/run.py --measure
+# Mutation scores of the driver's groups (tests/mutation/run.py --GROUP; each function against its own tests,
+# results in mutants/GROUP-results.json, `--only NAME` runs one function). NOT part of `make test` or `make mutation`;
+# sizes on 2 CPUs:
+#   mutation-tokens   the token methods (FastVAR, LazyVAR, StepVAR, ToMe): ~750 mutants, hours
+#   mutation-infra    table cells, the leaderboard, sharded merges, sweeps, fidelity metrics: ~900, about an hour
+#   mutation-core     run identity: method specs, sampling/seed checks, run keys, records, staleness: ~1000, an hour
+#   mutation-pruning  OBS and its calibration (EVAR, SlimGPT), gradient scores, the pruner base, the training loop
+#                     and the distillation losses (PSAD, KD): ~930, about an hour
+#   mutation-measure  parameter, FLOP and KV-cache counts, the latency bench's statistics and report: ~890, two hours
+MUTATION_GROUPS = mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure
+$(MUTATION_GROUPS): mutation-%: setup
+	$(BIN)/python tests/mutation/run.py --$*
 	$(BIN)/python tests/mutation/run.py --summary
 
 clean:

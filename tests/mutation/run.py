@@ -279,12 +279,23 @@ def run_tests(tests, fn=None, new_code=None, timeout=600.0, deselect=DESELECT):
         time.sleep(0.05)
 
 
-RESULTS = os.path.join("mutants", "decorated-results.json")
-TOKEN_RESULTS = os.path.join("mutants", "token-results.json")
-INFRA_RESULTS = os.path.join("mutants", "infra-results.json")
-CORE_RESULTS = os.path.join("mutants", "core-results.json")
-PRUNING_RESULTS = os.path.join("mutants", "pruning-results.json")
-MEASURE_RESULTS = os.path.join("mutants", "measure-results.json")
+# The driver's groups: flag → (targets, results file under mutants/, label, --help text). No flag: decorated.
+GROUPS = {
+    "decorated": (TARGETS, "decorated-results.json", "decorated functions", ""),
+    "tokens": (TOKEN_TARGETS, "token-results.json", "token methods",
+               "the token methods' functions (FastVAR, LazyVAR, StepVAR, ToMe) (make mutation-tokens)"),
+    "infra": (INFRA_TARGETS, "infra-results.json", "tables and metrics",
+              "table rendering, sharding, sweeps, the leaderboard and the fidelity metrics (make mutation-infra)"),
+    "core": (CORE_TARGETS, "core-results.json", "specs and records",
+             "run identity: method specs, sampling and seed checks, run keys, record validation, lookup and "
+             "staleness (make mutation-core)"),
+    "pruning": (PRUNING_TARGETS, "pruning-results.json", "pruners and distillation",
+                "the structured pruners: OBS and its calibration, gradient scores, the pruner base, distillation "
+                "losses (make mutation-pruning)"),
+    "measure": (MEASURE_TARGETS, "measure-results.json", "costs and latency",
+                "the cost columns: parameter and FLOP counts, KV-cache sizes, latency statistics and report "
+                "(make mutation-measure)"),
+}
 RECHECK = os.path.join("mutants", "recheck-results.json")
 # Second tier: the slow tests that [tool.mutmut] leaves out, run only on mutmut's survivors.
 SLOW_SAMPLING = ["tests/test_sampling.py::test_identity_policy_is_bit_identical_and_sees_every_sublayer",
@@ -362,9 +373,8 @@ def summary():
             c[st] = c.get(st, 0) + 1
             if not st.startswith("killed") and st != "caught by type check":
                 survivors.append(f"{st}: {name}")
-    for results, label in ((RESULTS, "decorated"), (TOKEN_RESULTS, "token methods"), (INFRA_RESULTS, "tables and metrics"),
-                           (CORE_RESULTS, "specs and records"), (PRUNING_RESULTS, "pruners and distillation"),
-                           (MEASURE_RESULTS, "costs and latency")):
+    for _, results, label, _ in GROUPS.values():
+        results = os.path.join("mutants", results)
         for r in (json.load(open(results)) if os.path.exists(results) else []):
             c = per_file.setdefault(r["file"] + f" ({label}, tests/mutation/run.py)", {})
             c[r["status"]] = c.get(r["status"], 0) + 1
@@ -388,16 +398,9 @@ def main():
     ap.add_argument("--summary", action="store_true", help="print the per-file scores and survivors, run nothing")
     ap.add_argument("--recheck", action="store_true", help="run the slow tests on mutmut's survivors")
     ap.add_argument("--only", default="", help="run only targets whose name contains this")
-    ap.add_argument("--tokens", action="store_true", help="the token methods' functions (FastVAR, LazyVAR, "
-                    "StepVAR, ToMe) instead of the decorated ones")
-    ap.add_argument("--infra", action="store_true", help="table rendering, sharding, sweeps, the leaderboard "
-                    "and the fidelity metrics (make mutation-infra)")
-    ap.add_argument("--core", action="store_true", help="run identity: method specs, sampling and seed checks, "
-                    "run keys, record validation, lookup and staleness (make mutation-core)")
-    ap.add_argument("--pruning", action="store_true", help="the structured pruners: OBS and its calibration, "
-                    "gradient scores, the pruner base, distillation losses (make mutation-pruning)")
-    ap.add_argument("--measure", action="store_true", help="the cost columns: parameter and FLOP counts, "
-                    "KV-cache sizes, latency statistics and report (make mutation-measure)")
+    group = ap.add_mutually_exclusive_group()
+    for flag, (_, _, _, text) in list(GROUPS.items())[1:]:
+        group.add_argument(f"--{flag}", dest="group", action="store_const", const=flag, help=text)
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     args = ap.parse_args()
     os.chdir(ROOT)
@@ -410,11 +413,9 @@ def main():
     torch.set_num_threads(1)
     totals = {}
     survivors, records = [], []
-    kind = "tokens" if args.tokens else "infra" if args.infra else "core" if args.core else \
-        "pruning" if args.pruning else "measure" if args.measure else "decorated"
-    for module, qualname, tests in {"tokens": TOKEN_TARGETS, "infra": INFRA_TARGETS, "core": CORE_TARGETS,
-                                    "pruning": PRUNING_TARGETS, "measure": MEASURE_TARGETS,
-                                    "decorated": TARGETS}[kind]:
+    targets, out, label, _ = GROUPS[args.group or "decorated"]
+    out = os.path.join("mutants", out)
+    for module, qualname, tests in targets:
         name = f"{module}.{qualname}"
         if args.only not in name:
             continue
@@ -455,8 +456,6 @@ def main():
     if args.list:
         return
     # --only replaces the run functions' records and keeps the rest, so a long run can be done in parts
-    out = {"tokens": TOKEN_RESULTS, "infra": INFRA_RESULTS, "core": CORE_RESULTS, "pruning": PRUNING_RESULTS,
-           "measure": MEASURE_RESULTS, "decorated": RESULTS}[kind]
     run = {(r["file"], r["function"]) for r in records}
     earlier = []
     if args.only and os.path.exists(out):
@@ -472,9 +471,6 @@ def main():
         k, t = c.get("killed", 0) + c.get("killed by slow tests", 0), sum(c.values())
         all_k, all_t = all_k + k, all_t + t
         print(f"  {key}: {k}/{t} killed; " + ", ".join(f"{s} {n}" for s, n in sorted(c.items())))
-    label = {"tokens": "token methods", "infra": "tables and metrics", "core": "specs and records",
-             "pruning": "pruners and distillation",
-             "measure": "costs and latency", "decorated": "decorated functions"}[kind]
     print(f"mutation score ({label}): {all_k}/{all_t} killed")
     print("not killed:")
     for status, tag in survivors:
