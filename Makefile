@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 WORLD   ?= tiny
 
-.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard setup-browser figures tiny-models tiny-t2i mutation mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure clean
+.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard setup-browser figures tiny-models tiny-t2i mutation mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring clean
 
 setup: $(STAMP)
 
@@ -75,7 +75,9 @@ mutation: setup
 #   mutation-pruning  OBS and its calibration (EVAR, SlimGPT), gradient scores, the pruner base, the training loop
 #                     and the distillation losses (PSAD, KD): ~930, about an hour
 #   mutation-measure  parameter, FLOP and KV-cache counts, the latency bench's statistics and report: ~890, two hours
-MUTATION_GROUPS = mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure
+#   mutation-scoring  the procedural datasets (tinyshapes, shapes scenes), the scene detector and checks, GenEval's
+#                     scoring rules and colour classifier, the tiny feature network: ~2400, three hours or more
+MUTATION_GROUPS = mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring
 $(MUTATION_GROUPS): mutation-%: setup
 	$(BIN)/python tests/mutation/run.py --$*
 	$(BIN)/python tests/mutation/run.py --summary

@@ -321,3 +321,137 @@ def test_run_specs_pair_prompt_benches_with_text_to_image_models():
         with pytest.raises(ValueError, match=rf"^{chain.split(':')[0].split(' ')[0]}(, psad)? on a text-to-image model \({model}\)"):
             make_spec(model, chain, bench="geneval" if model == "hart-0.7b" else "shapes-geneval", need_ckpt=False)
     assert make_spec("hart-0.7b", "fastvar", bench="geneval", need_ckpt=False).methods
+
+
+def test_iou_and_detections_at_the_official_edges():
+    """compute_iou's +1-pixel areas per axis, 0 for disjoint boxes and for a zero union; detections given as
+    lists or as an empty array per class; suppression only of IoU ≥ max_overlap (the official ``<`` keeps)."""
+    assert ge.iou(_box(0, 0, 9, 9), _box(5, 5, 14, 19)) == pytest.approx(25 / 225)    # 5·5 / (100 + 150 − 25)
+    assert ge.iou(_box(0, 0, 9, 9), _box(20, 30, 29, 39)) == 0.0                       # disjoint: no negative areas
+    assert ge.iou(_box(0, 0, 9, 9), _box(20, 0, 29, 9)) == 0.0 == ge.iou(_box(0, 0, 9, 9), _box(0, 20, 9, 29))
+    assert ge.iou(_box(5, 5, 2, 2), _box(8, 8, 4, 4)) == 0.0                           # empty boxes: union 0
+    assert ge.keep_detections({"cat": [], "dog": [_box(0, 0, 9, 9, 0.5)]}) == \
+        {"dog": [(pytest.approx(np.array(_box(0, 0, 9, 9, 0.5))), None)]}
+    assert ge.keep_detections({"dog": np.array([[0, 0, 9, 9, 1]])})["dog"][0][0].dtype == np.float64   # boxes as floats
+    half = {"cat": np.array([_box(0, 0, 9, 9, 0.9), _box(0, 0, 9, 19, 0.8)])}        # IoU 100 / 200 = 0.5
+    assert [float(b[4]) for b, _ in ge.keep_detections(half, options={"max_overlap": 0.5})["cat"]] == [0.9]
+    assert [float(b[4]) for b, _ in ge.keep_detections(half, options={"max_overlap": 0.51})["cat"]] == [0.9, 0.8]
+    with pytest.raises(ValueError, match=r"^unknown GenEval option 'treshold'; did you mean 'threshold'\? \(options: "
+                                         r"threshold, counting_threshold, max_objects, max_overlap, position_threshold\)$"):
+        ge.keep_detections(half, options={"treshold": 0.2})
+
+
+def test_relative_position_ignores_offsets_below_a_thousandth():
+    """The official guard: no relation when both margin-shrunk offsets are below 1e-3 (a 0.0005-px offset
+    would otherwise normalise to a full "right of"); exactly 1e-3 is a relation."""
+    at = lambda x: (np.array([x, 0.0, x, 0.0, 0.9]), None)      # noqa: E731  (a point box: no extent, no margin)
+    assert ge.relative_position(at(0.0005), at(0.0)) == set()
+    assert ge.relative_position(at(0.001), at(0.0)) == {"right of"}
+    assert ge.relative_position(at(-0.001), at(0.0)) == {"left of"}
+
+
+def test_relations_need_more_than_half_of_the_direction():
+    """The ±0.5 cuts are strict, as the official: centres 4 px apart, extents 10 + 10 shrink the offset by
+    0.1·20 = 2, so the direction's component is exactly ∓0.5: no relation (on x and on y); a margin of 0.09
+    leaves 0.55: a relation."""
+    a, b = np.array([0, 0, 10, 0, 0.9]), np.array([4, 0, 14, 0, 0.9])
+    ay, by = a[[1, 0, 3, 2, 4]], b[[1, 0, 3, 2, 4]]          # the same boxes along y
+    for p, q in [(a, b), (b, a), (ay, by), (by, ay)]:
+        assert ge.relative_position((p, None), (q, None)) == set()
+    got = [ge.relative_position((p, None), (q, None), position_threshold=0.09) for p, q in [(a, b), (b, a), (ay, by), (by, ay)]]
+    assert got == [{"left of"}, {"right of"}, {"above"}, {"below"}]
+
+
+def test_evaluate_reasons_and_clause_bookkeeping():
+    """Whole reasons where several colours are found; one reason per failed position clause however many
+    pairs fail; a clause whose own target failed fails the clauses that name it in turn; an exclude clause
+    counts its own class."""
+    two = {"tag": "colors", "include": [{"class": "car", "count": 2, "color": "green"}], "prompt": "two green cars"}
+    cars = {"car": [_box(0, 0, 10, 10), _box(20, 0, 30, 10)]}
+    assert _eval(two, cars, {"car": ["red", "blue"]}) == \
+        (False, "expected green car>=2, found 0 green; and 1 red, 1 blue")
+    with pytest.raises(ValueError, match=r"^prompt 'two green cars' names a colour: evaluate\(\) needs a colour "
+                                         r"classifier$"):
+        _eval(two, cars)
+    pairs = {"tag": "position", "include": [{"class": "bear", "count": 2},
+                                            {"class": "dog", "count": 2, "position": ["right of", 0]}], "prompt": "x"}
+    left = [_box(0, 0, 10, 10), _box(0, 20, 10, 30)]
+    assert _eval(pairs, {"bear": [_box(40, 0, 50, 10), _box(40, 20, 50, 30)], "dog": left}) == \
+        (False, "expected dog right of target, found left of target")
+    chain = {"tag": "position", "include": [{"class": "bear", "count": 1},
+                                            {"class": "dog", "count": 1, "position": ["right of", 0]},
+                                            {"class": "cat", "count": 1, "position": ["below", 1]}], "prompt": "x"}
+    assert _eval(chain, {"dog": [_box(60, 0, 70, 10)], "cat": [_box(60, 40, 70, 50)]}) == \
+        (False, "expected bear>=1, found 0\nno target for dog to be right of\nno target for cat to be below")
+    other = {"tag": "single_object", "include": [{"class": "cat", "count": 1}], "exclude": [{"class": "dog", "count": 1}],
+             "prompt": "x"}
+    assert _eval(other, {"cat": [_box(0, 0, 10, 10)]}) == (True, "")
+    assert _eval(other, {"cat": [_box(0, 0, 10, 10)], "dog": [_box(20, 0, 30, 10)]}) == (False, "expected dog<1, found 1")
+
+
+@pytest.mark.parametrize("row, message", [
+    ([1], "m: expected a JSON object, got list"),
+    ({"tag": "colors", "include": []}, "m: missing key(s) prompt (GenEval metadata has tag, include, prompt)"),
+    ({"include": []}, "m: missing key(s) tag, prompt (GenEval metadata has tag, include, prompt)"),
+    ({"tag": "colour", "include": [], "prompt": "x"},
+     "m: unknown tag 'colour'; tags are single_object, two_object, counting, colors, position, color_attr"),
+    ({"tag": "colors", "include": [{"count": 1}], "prompt": "x"},
+     "m: include[0] needs a class name and a count ≥ 1, got {'count': 1}"),
+    ({"tag": "colors", "include": [{"class": "a", "count": 1}, {"class": "b", "count": "2"}], "prompt": "x"},
+     "m: include[1] needs a class name and a count ≥ 1, got {'class': 'b', 'count': '2'}"),
+    ({"tag": "colors", "include": [{"class": "b", "count": 0}], "prompt": "x"},
+     "m: include[0] needs a class name and a count ≥ 1, got {'class': 'b', 'count': 0}"),
+    ({"tag": "colors", "include": [{"class": "b", "count": 1, "color": "teal"}], "prompt": "x"},
+     "m: include[0] colour 'teal' is not one of red, orange, yellow, green, blue, purple, pink, brown, black, white"),
+    ({"tag": "position", "include": [{"class": "a", "count": 1}, {"class": "b", "count": 1, "position": ["near", 0]}],
+      "prompt": "x"},
+     "m: include[1] position ['near', 0] must be [one of ('left of', 'right of', 'above', 'below'), the index of an "
+     "earlier include clause]"),
+])
+def test_bad_metadata_is_named_with_its_place(row, message):
+    with pytest.raises(ValueError) as e:
+        ge.check_metadata(row, "m")
+    assert str(e.value) == message
+    good = {"tag": "position", "include": [{"class": "a", "count": 1, "color": "red"},
+                                           {"class": "b", "count": 1, "position": ["below", 0]}], "prompt": "x"}
+    assert ge.check_metadata(good) == good
+
+
+def test_metadata_and_results_files_are_read_and_refused_with_their_names(tmp_path):
+    meta = tmp_path / "evaluation_metadata.jsonl"
+    with pytest.raises(FileNotFoundError) as e:
+        ge.read_metadata(meta)
+    assert str(e.value) == (f"GenEval metadata {meta} not found: it is prompts/evaluation_metadata.jsonl of "
+                            f"https://github.com/djghosh13/geneval (553 prompts)")
+    rows = [{"tag": "single_object", "include": [{"class": "cat", "count": 1}], "prompt": "a photo of a cat"},
+            {"tag": "colors", "include": [{"class": "car", "count": 1, "color": "red"}], "prompt": "a red car"}]
+    meta.write_text(json.dumps(rows[0]) + "\n\n" + json.dumps(rows[1]) + "\n")
+    assert ge.read_metadata(str(meta)) == rows                           # blank lines skipped, a str path taken
+    meta.write_text(json.dumps(rows[0]) + "\n" + json.dumps({"tag": "colors"}) + "\n{oops\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(meta))}:2: missing key\(s\) include, prompt "):
+        ge.read_metadata(meta)
+    meta.write_text(json.dumps(rows[0]) + "\n{oops\n")
+    with pytest.raises(ValueError) as e:
+        ge.read_metadata(meta)
+    assert str(e.value).startswith(f"{meta}:2: not JSON (Expecting property name") and str(e.value).endswith(")")
+    results = tmp_path / "results.jsonl"
+    with pytest.raises(FileNotFoundError) as e:
+        ge.read_results(str(results))
+    assert str(e.value) == f"GenEval results {results} not found (the --outfile of evaluation/evaluate_images.py)"
+    pd.DataFrame([{"tag": "colors", "correct": True, "metadata": "{}", "reason": ""}]).to_json(
+        results, orient="records", lines=True)
+    df = ge.read_results(str(results))
+    assert list(df.columns) == ["tag", "correct", "metadata", "reason"] and bool(df.correct[0]) is True
+    pd.DataFrame([{"tag": "colors", "reason": ""}]).to_json(results, orient="records", lines=True)
+    with pytest.raises(ValueError) as e:
+        ge.read_results(results)
+    assert str(e.value) == f"{results}: not a GenEval results file, missing column(s) correct, metadata"
+
+
+def test_summary_keeps_the_tasks_in_order_of_appearance_and_refuses_nothing():
+    df = pd.DataFrame([{"tag": t, "correct": c, "metadata": t} for t, c in
+                       [("position", True), ("counting", False), ("position", False), ("colors", True)]])
+    assert list(ge.summary(df)) == ["geneval_position", "geneval_counting", "geneval_colors", "geneval",
+                                    "geneval_images", "geneval_prompts"]
+    with pytest.raises(ValueError, match="^no GenEval results to summarise$"):
+        ge.summary(df.iloc[:0])

@@ -566,3 +566,54 @@ def test_more_threads_than_usable_cpus_is_warned_before_timing(monkeypatch, caps
         with pytest.raises(Timed):
             main(base + ok)
         assert "warning" not in capsys.readouterr().err
+
+
+def test_latency_specs_refusals_checkpoints_and_class_conditions(tmp_path):
+    """What latency_specs refuses (whole messages), that a run without --random-weights needs the
+    checkpoint files (named) and one with them needs none, that Core ML takes a class-conditional model,
+    and that batch labels cycle through the classes."""
+    from bench.checkpoint import CheckpointNotFound
+    from bench.latency import latency_conditions, latency_specs
+    from bench.registry import MODELS
+    cpu = dict(device="cpu", batch=1, threads=1, compile=False, warmup=1)
+    with pytest.raises(ValueError, match=r"^--random-weights: infinity-2b encodes its prompts with a pretrained text "
+                                         r"model, which has no random stand-in here; time it with its checkpoint files "
+                                         r"\(--ckpt-dir\), or time tiny-t2i$"):
+        latency_specs("infinity-2b", ["dense"], 3, 0, cpu, random_weights=True)
+    coreml = dict(cpu, device="coreml", compute_units="ALL")
+    with pytest.raises(ValueError, match=r"^--device coreml: the Core ML export covers the class-conditional VAR "
+                                         r"models; tiny-t2i is a t2i model \(time it with --device cpu or cuda\)$"):
+        latency_specs("tiny-t2i", ["dense"], 3, 0, coreml)
+    (spec,) = latency_specs("tiny-var", ["dense"], 3, 0, coreml)
+    assert spec.protocol["device"] == "coreml"
+    with pytest.raises(CheckpointNotFound, match="var_d16.pth"):
+        latency_specs("var-d16", ["dense"], 3, 0, cpu, ckpt_dir=tmp_path)
+    (spec,) = latency_specs("var-d16", ["dense"], 3, 7, cpu, ckpt_dir=tmp_path, random_weights=True)
+    assert spec.ckpt == {"random-init": "torch.manual_seed(7)"}
+    assert latency_conditions(spec, MODELS.get("var-d16"), 3).tolist() == [0, 1, 2]
+    assert latency_conditions(spec, MODELS.get("tiny-var"), 14).tolist() == list(range(12)) + [0, 1]
+
+
+def test_weights_are_counted_on_a_numbered_device_and_the_cpu_generation_reuses_the_heap(monkeypatch):
+    import contextlib
+
+    import bench.models.heap as heap
+    lin = torch.nn.Linear(64, 64)
+    assert weights_mb(lin, "cpu:0") == weights_mb(lin, "cpu") == pytest.approx((64 * 64 + 64) * 4 / 2 ** 20)
+    seen = []
+
+    @contextlib.contextmanager
+    def reuse(on):
+        seen.append(on)
+        yield
+    monkeypatch.setattr(heap, "reuse_heap", reuse)
+
+    class Gen:
+        def sample_tokens(self, labels, seed=0, logits_hook=None, **kw):
+            logits_hook(0, None)
+            return [], torch.zeros(1, 1, 1, 1)
+
+        def decode_uint8(self, f):
+            return f
+    timed_generation(Config("A", Gen(), torch.zeros(1), {}), Timer("cpu"), seed=0)
+    assert seen == [True]        # on the CPU the allocator's heap is kept between generations

@@ -280,6 +280,6 @@ def test_recovery_on_meta_is_skipped_by_the_chain(small_gen):
         meta = Generator(type(small_gen.var)(small_gen.var.cfg), type(small_gen.vae)(small_gen.vae.cfg))
     ctx = Context(progress=False)
     out = apply_chain(meta, ["magnitude:sparsity=0.5", "ft", "kd", "psad"], ctx)
-    assert out.var.cfg.heads == (1, 1) and all(n.startswith("magnitude") for n in ctx.notes)
+    assert out.var.cfg.heads == (1, 1) and [n.split(":")[0] for n in ctx.notes] == ["magnitude"]
     with pytest.raises(ValueError, match="ft needs training data"):
         apply_chain(small_gen, ["ft"], Context(progress=False))

@@ -105,9 +105,27 @@ def test_independent_of_thread_count():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="unknown split"):
+    with pytest.raises(ValueError, match=r"^unknown split 'test'; splits are train, val, ref, calib$"):
         tinyshapes.generate(4, "test")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^n and start must be ≥ 0, got n=-1, start=0$"):
         tinyshapes.generate(-1, "train")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^n and start must be ≥ 0, got n=4, start=-1$"):
         tinyshapes.generate(4, "train", start=-1)
+
+
+@pytest.mark.parametrize("start,n,chunks", [(0, 1, [0]), (0, CHUNK, [0]), (CHUNK - 1, 1, [0]), (CHUNK - 1, 2, [0, 1]),
+                                            (CHUNK, CHUNK, [1]), (5, 2 * CHUNK, [0, 1, 2]), (40, 0, [])])
+def test_draws_only_the_chunks_it_needs(monkeypatch, start, n, chunks):
+    """Each chunk costs 256 supersampled images: a call draws exactly the chunks its indices fall in."""
+    drawn, chunk = [], tinyshapes._chunk
+    monkeypatch.setattr(tinyshapes, "_chunk", lambda split, c, size: drawn.append(c) or chunk(split, c, size))
+    imgs, labels = tinyshapes.generate(n, "calib", size=8, start=start)
+    assert drawn == chunks and imgs.shape == (n, 3, 8, 8) and labels.shape == (n,)
+
+
+def test_to_pm1_is_vars_normalisation():
+    """uint8 → [−1, 1] as VAR's normalize_01_into_pm1(x / 255) = 2x/255 − 1, float32."""
+    x = torch.tensor([0, 51, 128, 255], dtype=torch.uint8)
+    y = tinyshapes.to_pm1(x)
+    assert y.dtype == torch.float32 and torch.allclose(y, x.float() / 255 * 2 - 1, atol=1e-7)
+    assert y[0] == -1 and y[-1] == 1

@@ -8,14 +8,14 @@ the target's tests with pytest (``-x -q -p no:cacheprovider``): a failing run ki
 passing run means it survived, a run past the time limit is a timeout. One worker.
 
     .venv/bin/python tests/mutation/run.py [--only SUBSTRING] [--list]
-    .venv/bin/python tests/mutation/run.py --tokens [--only SUBSTRING]   # the token methods (make mutation-tokens)
-    .venv/bin/python tests/mutation/run.py --infra [--only SUBSTRING]    # tables, records, metrics (make mutation-infra)
-    .venv/bin/python tests/mutation/run.py --core [--only SUBSTRING]     # run identity: specs, records (make mutation-core)
+    .venv/bin/python tests/mutation/run.py --GROUP [--only SUBSTRING]   # one group of GROUPS (make mutation-GROUP)
     .venv/bin/python tests/mutation/run.py --summary   # per-file score of mutmut's run + this one
 
-Results go to mutants/decorated-results.json, with --tokens to mutants/token-results.json, with --infra to
-mutants/infra-results.json, with --core to mutants/core-results.json (mutants/ is mutmut's work folder,
-git-ignored); a run with --only replaces its functions' results and keeps the rest.
+The groups (``--help`` lists them): --tokens (the token methods), --infra (tables, records, metrics),
+--core (run identity: specs, records), --pruning (pruners and distillation), --measure (costs and latency),
+--scoring (datasets, the scene detector, GenEval's scoring). Results go to mutants/decorated-results.json, with a
+group to the results file GROUPS names for it (mutants/ is mutmut's work folder, git-ignored); a run with --only
+replaces its functions' results and keeps the rest.
 """
 from __future__ import annotations
 
@@ -150,6 +150,34 @@ MEASURE_TARGETS = [(m, fn, tests) for m, fns, tests in [
      _LATENCY + ["tests/test_latency_report.py", "-k", "pass_model or pass_cost_span or report or per_scale"]),
     ("bench.latency", ["weights_mb", "timed_generation", "latency_conditions", "latency_specs", "timing_partners"],
      _LATENCY),
+] for fn in fns]
+# What the GenEval-style scores and the tiny worlds' ground truth are made of: the procedural datasets
+# (tinyshapes, shapes scenes and their prompts), the scene detector and checker behind the tiny-t2i quality
+# bars, GenEval's scoring rules, and the tiny feature network behind every tiny FID. A survivor here is a
+# score that counts the wrong objects or a dataset that is not what its golden hash says.
+_SCENES = ["tests/test_scenes.py"]
+_GENEVAL = ["tests/test_geneval.py"]
+_FEATURES = ["tests/test_metrics.py", "-k", "cnn or extractor or feature"]
+SCORING_TARGETS = [(m, fn, tests) for m, fns, tests in [
+    ("bench.data.tinyshapes", ["class_name", "_chunk", "generate", "to_pm1"], ["tests/test_tinyshapes.py"]),
+    ("bench.data.scenes", ["SceneSpec.__post_init__", "SceneSpec.count", "SceneSpec.prompt", "all_specs", "_pick",
+                           "_uniform", "_shuffled", "sample_spec", "eval_prompts", "tokenize", "_box_rel", "_apart",
+                           "_layout", "_place_free", "_place_position", "scene", "_appearance", "_shape_masks",
+                           "_render", "generate", "object_tokens"], _SCENES),
+    ("bench.data.scenes_detect", ["_hull_area", "_plane", "shape_features", "classify_shape", "_as_float_images",
+                                  "noise_level", "colour_strength", "detect_one", "detect", "_centre",
+                                  "relation_holds", "check"], _SCENES + _GENEVAL),
+    ("bench.metrics.geneval", ["_options", "iou", "keep_detections", "relative_position", "evaluate",
+                               "check_metadata", "read_metadata", "read_results", "summary"], _GENEVAL),
+    ("bench.metrics.geneval_detectors", ["ShapesDetector.detect", "ShapesDetector.colours"], _GENEVAL),
+    ("bench.metrics.geneval_detectors", ["ClipColours.__init__", "ClipColours.classifier", "ClipColours.crops",
+                                         "ClipColours.colours", "Mask2FormerDetector.detect",
+                                         "Mask2FormerDetector.colours"], ["tests/test_geneval_detectors.py"]),
+    ("bench.metrics.features", ["TinyShapesCNN.__init__", "TinyShapesCNN.feature_dim", "TinyShapesCNN.normalize",
+                                "TinyShapesCNN.features_from_float", "TinyShapesCNN.features", "TinyShapesCNN.logits",
+                                "save_feature_cnn", "read_feature_cnn_metadata", "load_feature_cnn", "_existing_weights",
+                                "_random_shift", "predict_logits", "accuracy", "train_feature_cnn",
+                                "FeatureExtractorTinyShapesCNN.forward", "register_tinyshapes_extractor"], _FEATURES),
 ] for fn in fns]
 DESELECT = ["tests/test_methods.py::test_ft_lowers_the_training_loss"]
 
@@ -295,6 +323,9 @@ GROUPS = {
     "measure": (MEASURE_TARGETS, "measure-results.json", "costs and latency",
                 "the cost columns: parameter and FLOP counts, KV-cache sizes, latency statistics and report "
                 "(make mutation-measure)"),
+    "scoring": (SCORING_TARGETS, "scoring-results.json", "datasets and scoring",
+                "the procedural datasets, the scene detector, GenEval's scoring rules and colour classifier, the "
+                "tiny feature network (make mutation-scoring)"),
 }
 RECHECK = os.path.join("mutants", "recheck-results.json")
 # Second tier: the slow tests that [tool.mutmut] leaves out, run only on mutmut's survivors.
