@@ -1,6 +1,7 @@
 """The latency bench: statistics, alternation, records, staleness, and bad input."""
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -617,3 +618,30 @@ def test_weights_are_counted_on_a_numbered_device_and_the_cpu_generation_reuses_
             return f
     timed_generation(Config("A", Gen(), torch.zeros(1), {}), Timer("cpu"), seed=0)
     assert seen == [True]        # on the CPU the allocator's heap is kept between generations
+
+
+def test_timing_partners_are_the_current_records_timed_with_the_request(tmp_path):
+    """The records of configurations timed in the same run as a requested one (same group), read once each,
+    none of the requested ones; hidden files (records being written), unreadable files and other groups
+    are passed over."""
+    from bench.latency import latency_specs, timing_partners
+    from bench.records import make_record, write_record
+    setting = dict(device="cpu", batch=1, threads=1, compile=False, warmup=1)
+    a, b, c, d = latency_specs("tiny-var", ["dense", "magnitude:sparsity=0.2", "magnitude:sparsity=0.4",
+                                            "magnitude:sparsity=0.6"], 3, 0, setting, random_weights=True)
+
+    def record(spec, group):
+        rec = make_record(spec, {"latency_ms": {"value": 5.0, "stderr": 0.1, "group": group}}, {}, {"total_s": 1.0})
+        write_record(spec.path(tmp_path), rec)
+        return rec
+    rec_a = record(a, "run-1")
+    record(b, "run-1")
+    record(c, "run-2")
+    folder = a.path(tmp_path).parent
+    shutil.copy(b.path(tmp_path), folder / "copy-of-b.json")            # the same run twice: one partner
+    rec_d = json.loads(json.dumps(record(d, "run-1")))
+    d.path(tmp_path).rename(folder / ".being-written.json")
+    (folder / "0-broken.json").write_text("{not json")                 # sorts first
+    assert [s.key() for s in timing_partners([a], [rec_a], tmp_path)] == [b.key()]
+    assert timing_partners([a, b], [rec_a, None], tmp_path) == []
+    assert timing_partners([a], [None], tmp_path) == [] and rec_d["run_id"] == d.key()

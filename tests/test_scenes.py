@@ -142,6 +142,8 @@ def test_bad_arguments():
         scenes.generate(4, start=-1)
     with pytest.raises(ValueError, match=r"^size must be ≥ 32 \(objects are 7–12 px at 64\), got 31$"):
         scenes.generate(4, size=31)
+    empty = scenes.generate(0, "eval", start=5, size=32)
+    assert empty[0].shape == (0, 3, 32, 32) and empty[0].dtype == torch.uint8 and empty[1:] == ([], [], [])
     with pytest.raises(ValueError, match="unknown task"):
         scenes.eval_prompts("counting_objects", 4)
     red, blue = SceneObject("circle", "red"), SceneObject("square", "blue")
