@@ -134,8 +134,6 @@ def test_keep_detections_sorts_caps_and_suppresses_only_below_overlap_one():
     assert len(ge.keep_detections(boxes, options={"max_objects": 2})["cat"]) == 2
     assert ge.iou(_box(0, 0, 9, 9), _box(0, 0, 9, 9)) == 1.0
     assert ge.iou(_box(0, 0, 9, 9), _box(5, 0, 14, 9)) == pytest.approx(50 / 150)     # +1-pixel convention
-    with pytest.raises(ValueError, match="did you mean 'threshold'"):
-        ge.keep_detections(boxes, options={"treshold": 0.2})
 
 
 def test_summary_is_the_unweighted_mean_of_task_accuracies():
@@ -160,11 +158,6 @@ def test_official_metadata_ships_and_validates():
     counts = pd.Series([r["tag"] for r in rows]).value_counts().to_dict()
     assert counts == {"position": 100, "color_attr": 100, "two_object": 99, "colors": 94, "single_object": 80,
                       "counting": 80}
-    with pytest.raises(ValueError, match="unknown tag 'colour'"):
-        ge.check_metadata({"tag": "colour", "include": [], "prompt": "x"})
-    with pytest.raises(ValueError, match="earlier include clause"):
-        ge.check_metadata({"tag": "position", "include": [{"class": "a", "count": 1, "position": ["left of", 0]}],
-                           "prompt": "x"})
 
 
 # ---------------------------------------------------------------------------------------- tiny world
@@ -406,6 +399,9 @@ def test_evaluate_reasons_and_clause_bookkeeping():
     ({"tag": "position", "include": [{"class": "a", "count": 1}, {"class": "b", "count": 1, "position": ["near", 0]}],
       "prompt": "x"},
      "m: include[1] position ['near', 0] must be [one of ('left of', 'right of', 'above', 'below'), the index of an "
+     "earlier include clause]"),
+    ({"tag": "position", "include": [{"class": "a", "count": 1, "position": ["left of", 0]}], "prompt": "x"},
+     "m: include[0] position ['left of', 0] must be [one of ('left of', 'right of', 'above', 'below'), the index of an "
      "earlier include clause]"),
 ])
 def test_bad_metadata_is_named_with_its_place(row, message):

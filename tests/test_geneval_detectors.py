@@ -105,11 +105,6 @@ def test_clip_colours_cache_one_classifier_per_class(clip_colours):
     assert len(texts) == 20 and not torch.allclose(a, b)
 
 
-def test_clip_colours_need_a_weights_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="VARBENCH_CLIP_WEIGHTS"):
-        gd.ClipColours(tmp_path / "ViT-L-14.pt")
-
-
 def test_mask2former_results_are_unpacked_per_class_from_a_bgr_image():
     """mmdet 2.x returns (bbox per class, segm per class) for Mask2Former, or bbox alone; classes without a
     box are absent; the image goes in as BGR, the channel order mmdet reads a file in."""

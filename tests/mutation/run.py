@@ -11,11 +11,9 @@ passing run means it survived, a run past the time limit is a timeout. One worke
     .venv/bin/python tests/mutation/run.py --GROUP [--only SUBSTRING]   # one group of GROUPS (make mutation-GROUP)
     .venv/bin/python tests/mutation/run.py --summary   # per-file score of mutmut's run + this one
 
-The groups (``--help`` lists them): --tokens (the token methods), --infra (tables, records, metrics),
---core (run identity: specs, records), --pruning (pruners and distillation), --measure (costs and latency),
---scoring (datasets, the scene detector, GenEval's scoring). Results go to mutants/decorated-results.json, with a
-group to the results file GROUPS names for it (mutants/ is mutmut's work folder, git-ignored); a run with --only
-replaces its functions' results and keeps the rest.
+The groups and what each covers: ``--help``. Results go to mutants/decorated-results.json, with a group to the
+results file GROUPS names for it (mutants/ is mutmut's work folder, git-ignored); a run with --only replaces its
+functions' results and keeps the rest.
 """
 from __future__ import annotations
 
@@ -307,25 +305,23 @@ def run_tests(tests, fn=None, new_code=None, timeout=600.0, deselect=DESELECT):
         time.sleep(0.05)
 
 
-# The driver's groups: flag → (targets, results file under mutants/, label, --help text). No flag: decorated.
+# The driver's groups: flag → (targets, results file under mutants/, label, --help text; `make mutation-FLAG`
+# runs the group). No flag: decorated.
 GROUPS = {
     "decorated": (TARGETS, "decorated-results.json", "decorated functions", ""),
     "tokens": (TOKEN_TARGETS, "token-results.json", "token methods",
-               "the token methods' functions (FastVAR, LazyVAR, StepVAR, ToMe) (make mutation-tokens)"),
+               "the token methods' functions (FastVAR, LazyVAR, StepVAR, ToMe)"),
     "infra": (INFRA_TARGETS, "infra-results.json", "tables and metrics",
-              "table rendering, sharding, sweeps, the leaderboard and the fidelity metrics (make mutation-infra)"),
+              "table rendering, sharding, sweeps, the leaderboard and the fidelity metrics"),
     "core": (CORE_TARGETS, "core-results.json", "specs and records",
-             "run identity: method specs, sampling and seed checks, run keys, record validation, lookup and "
-             "staleness (make mutation-core)"),
+             "run identity: method specs, sampling and seed checks, run keys, record validation, lookup and staleness"),
     "pruning": (PRUNING_TARGETS, "pruning-results.json", "pruners and distillation",
-                "the structured pruners: OBS and its calibration, gradient scores, the pruner base, distillation "
-                "losses (make mutation-pruning)"),
+                "the structured pruners: OBS and its calibration, gradient scores, the pruner base, distillation losses"),
     "measure": (MEASURE_TARGETS, "measure-results.json", "costs and latency",
-                "the cost columns: parameter and FLOP counts, KV-cache sizes, latency statistics and report "
-                "(make mutation-measure)"),
+                "the cost columns: parameter and FLOP counts, KV-cache sizes, latency statistics and report"),
     "scoring": (SCORING_TARGETS, "scoring-results.json", "datasets and scoring",
                 "the procedural datasets, the scene detector, GenEval's scoring rules and colour classifier, the "
-                "tiny feature network (make mutation-scoring)"),
+                "tiny feature network"),
 }
 RECHECK = os.path.join("mutants", "recheck-results.json")
 # Second tier: the slow tests that [tool.mutmut] leaves out, run only on mutmut's survivors.
@@ -431,7 +427,8 @@ def main():
     ap.add_argument("--only", default="", help="run only targets whose name contains this")
     group = ap.add_mutually_exclusive_group()
     for flag, (_, _, _, text) in list(GROUPS.items())[1:]:
-        group.add_argument(f"--{flag}", dest="group", action="store_const", const=flag, help=text)
+        group.add_argument(f"--{flag}", dest="group", action="store_const", const=flag,
+                           help=f"{text} (make mutation-{flag})")
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     args = ap.parse_args()
     os.chdir(ROOT)
