@@ -183,7 +183,8 @@ def test_tiny_t2i_training_loop_records_its_curves():
 @pytest.mark.parametrize("args, msg", [(["--device", "tpu"], "cpu or cuda"), (["--device", "mps"], "cpu or cuda"),
                                        (["--steps", "0"], "≥ 1"), (["--device", "cuda", "--isa-pin"], None),
                                        (["--background-weight", "0"], "(0, 1]"), (["--background-weight", "1.5"], "(0, 1]"),
-                                       (["--eval-every", "-1"], "≥ 0"), (["--time-budget", "0"], "> 0 seconds")])
+                                       (["--eval-every", "-1"], "≥ 0"), (["--time-budget", "0"], "> 0 seconds"),
+                                       (["--batch", "0"], "--batch must be ≥ 1, got 0")])
 def test_tiny_t2i_refuses_bad_options_before_training(args, msg, capsys, monkeypatch):
     """Wrong devices and step counts are refused with the range, before any data is made or file written
     (``run`` would fail the test if reached)."""
@@ -211,6 +212,9 @@ def test_tiny_t2i_passes_steps_and_device_to_the_run(monkeypatch, tmp_path):
     assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "eval_every": 0, "steps": 30000}
     tiny_t2i.main(["--out", str(tmp_path), "--time-budget", "360", "--steps", "100000"])
     assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "time_budget_s": 360.0, "steps": 100000}
+    tiny_t2i.main(["--out", str(tmp_path), "--batch", "192", "--time-budget", "300"])
+    assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "batch": 192, "time_budget_s": 300.0}
+    assert tiny_t2i.T2I_RECIPE["batch"] == 48
     tiny_t2i.main(["--out", str(tmp_path)])
     assert seen["recipe"] is tiny_t2i.T2I_RECIPE and seen["stages"] == list(tiny_t2i.STAGES)
 

@@ -144,7 +144,9 @@ quality curve's points (default 1,000; 0: none, only the final eval), each of wh
 200 prompts and runs the probes. ``--time-budget S`` (recipe key ``time_budget_s``) times the first 100
 steps (inside the 200-step warm-up, so the schedule does not depend on it yet) and then trains as many
 steps as fit S seconds at that pace, in whole hundreds, at least 100 and at most ``--steps``; the
-manifest's recipe records the steps run, so ``--steps`` with that number repeats the run.
+manifest's recipe records the steps run, so ``--steps`` with that number repeats the run. ``--batch N``
+trains on N rows per step instead of 48, with the same learning rate and schedule (on a GPU a step of the
+tiny config costs about as much at a few hundred rows as at 48).
 
 ISA pin (opt-in). ``--isa-pin`` runs the whole recipe pinned to AVX2 (``ISA``:
 ``ATEN_CPU_CAPABILITY``, ``MKL_CBWR`` and ``ONEDNN_MAX_CPU_ISA``, ``bench.recipes.tiny.ISA_ENV``), so
@@ -480,6 +482,10 @@ def main(argv=None) -> int:
                    help=f"train as many steps as fit SECONDS at the pace of the first {BUDGET_PROBE} (whole hundreds, "
                         "at most --steps; quality-curve points not counted): for a machine whose speed is not known "
                         "in advance; the manifest records the steps run")
+    p.add_argument("--batch", type=int, default=None,
+                   help=f"rows per training step (default {T2I_RECIPE['batch']}; a GPU trains larger batches at "
+                        "about the same time per step; the learning rate and schedule stay the recipe's; recorded "
+                        "in the manifest's recipe)")
     p.add_argument("--background-weight", type=float, default=None,
                    help="weight in (0, 1] of the loss of tokens whose cell holds no object (default: absent, i.e. 1, "
                         "Infinity's uniform average; recorded in the manifest's recipe)")
@@ -499,6 +505,8 @@ def main(argv=None) -> int:
                 "run on the CPU with --device cpu")
     if a.steps is not None and a.steps < 1:
         p.error(f"--steps must be ≥ 1, got {a.steps}")
+    if a.batch is not None and a.batch < 1:
+        p.error(f"--batch must be ≥ 1, got {a.batch}")
     if a.time_budget is not None and not a.time_budget > 0:
         p.error(f"--time-budget must be > 0 seconds, got {a.time_budget}")
     if a.eval_every is not None and a.eval_every < 0:
@@ -513,7 +521,8 @@ def main(argv=None) -> int:
         return subprocess.run([sys.executable, "-m", "bench.recipes.tiny_t2i", *args],
                               env={**os.environ, **ISA_ENV[ISA]}).returncode
     overrides = {k: v for k, v in (("steps", a.steps), ("background_weight", a.background_weight),
-                                   ("eval_every", a.eval_every), ("time_budget_s", a.time_budget)) if v is not None}
+                                   ("eval_every", a.eval_every), ("time_budget_s", a.time_budget),
+                                   ("batch", a.batch)) if v is not None}
     recipe = {**T2I_RECIPE, **overrides} if overrides else T2I_RECIPE
     run(Path(a.out), stages, progress=not a.no_progress, device=str(device), t2i_recipe=recipe)
     return 0

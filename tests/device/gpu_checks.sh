@@ -19,14 +19,17 @@
 #   t2i      tiny-t2i trained on the GPU (background weight $T2I_BG, default 0.25) for as many steps as
 #            fit $T2I_TRAIN_S seconds (default 300; the recipe's --time-budget: paced on its first 100
 #            steps, at most $T2I_MAX_STEPS, default 60000), a quality-curve point every $T2I_EVAL_EVERY
-#            steps (default 5000; 0: none), the quality bars measured at the end
+#            steps (default 5000; 0: none), the quality bars measured at the end; one run per batch size
+#            in $T2I_BATCHES (default "48", the recipe's), all at once on the one GPU (a step of the tiny
+#            config leaves it mostly idle), each packed into $OUT/t2i-b<batch>.tar (its manifest, the two
+#            trained files and its log)
 #
 # Time: t2i takes about T2I_TRAIN_S + 3 minutes (its data and latents, the final eval), the other checks
 # 3–5 minutes together; with the defaults, run t2i in a call of its own (one call ≤ 10 minutes).
 #
 # Everything is written under $OUT (default ./gpu-checks): log.txt (all output), summary.txt (one line
-# per check: ok / FAILED / skipped and its time; the numbers are in the log), t2i/ (manifest.json, the two trained
-# files). DEVICE (default cuda) may be set to cpu to try the script's logic on a machine without a GPU
+# per check: ok / FAILED / skipped and its time; the numbers are in the log), latency/ (the latency
+# records), t2i-b<batch>.tar (above): few files, as a device machine returns at most 8. DEVICE (default cuda) may be set to cpu to try the script's logic on a machine without a GPU
 # (small: LAT_MODEL=tiny-var REPS=3 T2I_MAX_STEPS=2 T2I_EVAL_EVERY=0).
 set -u
 cd "$(dirname "$0")/../.."
@@ -40,6 +43,7 @@ T2I_BG=${T2I_BG:-0.25}
 T2I_TRAIN_S=${T2I_TRAIN_S:-300}
 T2I_EVAL_EVERY=${T2I_EVAL_EVERY:-5000}
 T2I_MAX_STEPS=${T2I_MAX_STEPS:-60000}
+T2I_BATCHES=${T2I_BATCHES:-48}
 VAR_OFFICIAL=${VAR_OFFICIAL:-.official/VAR}
 SCRATCH=$(mktemp -d)
 mkdir -p "$OUT"
@@ -94,9 +98,17 @@ assert dev != "cuda" or abs(events - direct) <= 0.01 * direct, "the two CUDA mea
 EOF
     run "$PY" -m bench latency --model "$LAT_MODEL" --random-weights --device "$DEVICE" --batch 1 --reps "$REPS" \
         --method dense --method magnitude:sparsity=0.4 --results "$res" --quiet || return 1
+    keep_records "$res"
     [ "$LAT_COMPILE" = 1 ] || return 0
     run "$PY" -m bench latency --model "$LAT_MODEL" --random-weights --device "$DEVICE" --batch 1 --reps "$REPS" \
         --method dense --compile --results "$res" --quiet
+    local rc=$?
+    keep_records "$res"
+    return $rc
+}
+
+keep_records() {   # the records, flat under $OUT/latency (a device machine returns files ≤ 2 folders down)
+    mkdir -p "$OUT/latency" && find "$1" -name '*.json' -exec cp {} "$OUT/latency/" \;
 }
 
 check_official() {
@@ -126,15 +138,30 @@ EOF
 }
 
 check_t2i() {
-    local out="$OUT/t2i"
-    mkdir -p "$out" && cp assets/tiny/manifest.json assets/tiny/tiny_bsq.safetensors "$out"/
-    run "$PY" -m bench.recipes.tiny_t2i --device "$DEVICE" --stages t2i,eval --steps "$T2I_MAX_STEPS" \
-        --time-budget "$T2I_TRAIN_S" --eval-every "$T2I_EVAL_EVERY" --background-weight "$T2I_BG" \
-        --out "$out" --no-progress || return 1
-    rm -f "$out/tiny_bsq.safetensors"   # the shipped file, unchanged (its entry stays in the manifest)
-    run "$PY" -c "import json; e = json.load(open('$out/manifest.json'))['models']['tiny-t2i']; q = e['quality']; \
-print('steps', e['recipe']['steps'], 'train_seconds', e['train_seconds'], 'quality', \
-{k: q[k] for k in ('single_object', 'two_object', 'counting', 'position')}, 'met', q['met'])"
+    local b out pids=() rc=0
+    for b in $T2I_BATCHES; do   # one run per batch size, all at once
+        out="$SCRATCH/t2i-b$b"
+        mkdir -p "$out" && cp assets/tiny/manifest.json assets/tiny/tiny_bsq.safetensors "$out"/
+        echo "+ t2i batch $b: log in t2i-b$b.tar" | tee -a "$LOG"
+        "$PY" -m bench.recipes.tiny_t2i --device "$DEVICE" --stages t2i,eval --steps "$T2I_MAX_STEPS" \
+            --time-budget "$T2I_TRAIN_S" --eval-every "$T2I_EVAL_EVERY" --background-weight "$T2I_BG" \
+            --batch "$b" --out "$out" --no-progress >"$out/log.txt" 2>&1 &
+        pids+=($!)
+    done
+    for b in $T2I_BATCHES; do
+        out="$SCRATCH/t2i-b$b"
+        if ! wait "${pids[0]}"; then
+            { echo "t2i batch $b FAILED; the end of its log:"; tail -20 "$out/log.txt"; } | tee -a "$LOG"; rc=1
+        fi
+        pids=("${pids[@]:1}")
+        rm -f "$out/tiny_bsq.safetensors"   # the shipped file, unchanged (its entry stays in the manifest)
+        grep -E "^(time budget|step [0-9]+:|tiny-t2i quality)" "$out/log.txt" | sed "s/^/[b$b] /" | tee -a "$LOG"
+        [ -f "$out/manifest.json" ] && run "$PY" -c "import json; e = json.load(open('$out/manifest.json'))['models']['tiny-t2i']; \
+q = e.get('quality', {}); print('batch $b: steps', e['recipe']['steps'], 'train_seconds', e['train_seconds'], 'quality', \
+{k: q.get(k) for k in ('single_object', 'two_object', 'counting', 'position')}, 'met', q.get('met'))"
+        tar -cf "$OUT/t2i-b$b.tar" -C "$out" .
+    done
+    return $rc
 }
 
 for c in "${checks[@]}"; do
