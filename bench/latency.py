@@ -15,9 +15,9 @@ resamples, seeded). ``latency_ms`` = median time of one generation of ``batch`` 
 latency of one image); ``images_per_s`` = batch / median (throughput at that batch). Peak memory
 (protocol version 2), per configuration as if it ran alone: ``peak_mem_mb`` = its generator's weights
 (parameters and buffers, text encoder and tokenizer included) + the peak working memory of one extra,
-untimed generation: the most that the generation itself allocated and held at once, from PyTorch's
-allocator events under ``torch.profiler`` (CPU and CUDA alike), with ``weights_mb`` and ``working_mb``
-beside it. Version 1 recorded a process-wide figure, the same for every configuration
+untimed generation: the most that the generation itself allocated and held at once (CPU: from PyTorch's
+allocator events under ``torch.profiler``; CUDA: the caching allocator's peak above its start,
+``working_mb`` says why), with ``weights_mb`` and ``working_mb`` beside it. Version 1 recorded a process-wide figure, the same for every configuration
 of a run (all generators are loaded together, and on the CPU glibc keeps the largest generation's heap).
 Per-scale breakdown (protocol version 3): the timed generations themselves read the clock when each
 scale's logits are ready and when sampling ends (CPU: ``perf_counter``; CUDA: events in stream order,
@@ -125,26 +125,35 @@ def _quiet_fd2():
 
 
 def working_mb(fn: Callable[[], object], device: str = "cpu") -> float:
-    """Peak MiB that ``fn`` allocates on ``device`` (cpu, cuda) and holds at once, from PyTorch's
-    allocator events under ``torch.profiler`` (``profile_memory``): each allocation is added, and
-    subtracted when freed, but only if made inside ``fn`` — freeing tensors made before it (a token
-    method's state from the previous generation) does not lower the peak, as it would not exist in a
-    first generation. Memory that libraries allocate outside PyTorch's allocator (oneDNN scratch, cuBLAS
-    workspaces) is not seen."""
+    """Peak MiB that ``fn`` allocates on ``device`` (cpu, cuda) and holds at once.
+
+    CPU: from PyTorch's allocator events under ``torch.profiler`` (``profile_memory``): each allocation
+    is added, and subtracted when freed, but only if made inside ``fn`` — freeing tensors made before it
+    (a token method's state from the previous generation) does not lower the peak, as it would not exist
+    in a first generation. CUDA: the caching allocator's own peak above what was allocated at the start
+    (``max_memory_allocated`` after ``reset_peak_memory_stats``), so a tensor made before ``fn`` and
+    freed inside it lowers the figure by at most its size. The profiler's events are not used there:
+    on an H200 (torch 2.11) they summed to 3,612 MiB for one var-d16 generation whose allocator peak was
+    241 MiB above its start. Memory that libraries allocate outside PyTorch's allocator (oneDNN scratch,
+    cuBLAS workspaces) is not seen by either."""
     import torch
+    if device.startswith("cuda"):
+        dev = torch.device(device)
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        start = torch.cuda.memory_allocated(dev)
+        fn()
+        torch.cuda.synchronize(dev)
+        return (torch.cuda.max_memory_allocated(dev) - start) / 2 ** 20
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
     with _quiet_fd2(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
     events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         e = stack.pop()
         stack.extend(e.children)
-        if e.tag == _EventType.Allocation and str(e.extra_fields.device).split(":")[0] == device.split(":")[0]:
+        if e.tag == _EventType.Allocation and str(e.extra_fields.device).split(":")[0] == "cpu":
             events.append((e.start_time_ns, e.extra_fields.ptr, e.extra_fields.alloc_size))
     events.sort(key=lambda ev: ev[0])   # stable: events of one instant keep the tree's order
     mine: Dict[int, int] = {}
@@ -162,8 +171,9 @@ def working_mb(fn: Callable[[], object], device: str = "cpu") -> float:
 def peak_memory(cfg: "Config", timer: "Timer", seed: int) -> Optional[Dict[str, object]]:
     """One configuration's peak memory as if it ran alone: its weights + the peak working memory of one
     untimed generation. A single-process comparison holds every configuration's generator at once, so a
-    process-wide figure (CUDA ``max_memory_allocated``, the CPU's resident high-water mark, which glibc's
-    kept heap pins at the largest generation's) would be the same for every configuration."""
+    process-wide figure (CUDA ``max_memory_allocated`` since the process started, the CPU's resident
+    high-water mark, which glibc's kept heap pins at the largest generation's) would be the same for every
+    configuration."""
     device = "cuda" if timer.cuda else "cpu"
     weights = weights_mb(cfg.gen, device)
     if weights is None:
@@ -171,8 +181,9 @@ def peak_memory(cfg: "Config", timer: "Timer", seed: int) -> Optional[Dict[str, 
     import torch
     with torch.no_grad():
         work = working_mb(lambda: timed_generation(cfg, timer, seed), device)
+    source = "CUDA max_memory_allocated above its start" if timer.cuda else "PyTorch allocator events"
     return {"value": weights + work, "weights_mb": weights, "working_mb": work,
-            "kind": "weights + peak working memory of one generation (PyTorch allocator events)"}
+            "kind": f"weights + peak working memory of one generation ({source})"}
 
 
 # ------------------------------------------------------------------------------------------ timing

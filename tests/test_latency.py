@@ -69,6 +69,29 @@ class _Logged:
         return f.to(torch.uint8)
 
 
+def test_working_memory_on_cuda_is_the_allocators_peak_above_its_start(monkeypatch):
+    """On CUDA the figure is the caching allocator's peak over the call minus what was allocated when it
+    began, the peak reset first and both read after a synchronize (the calls mocked: no GPU here)."""
+    calls, mib = [], 2 ** 20
+    state = {"now": 700 * mib, "peak": 900 * mib}   # a peak left over from before: must be reset
+
+    def fn():
+        calls.append("fn")
+        state["peak"] = max(state["peak"], state["now"] + 96 * mib)   # 96 MiB held at the call's peak
+        state["now"] += 8 * mib                                       # 8 MiB kept after it
+
+    def reset(dev):
+        calls.append(("reset", str(dev)))
+        state["peak"] = state["now"]
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda dev=None: calls.append(("sync", str(dev))))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev=None: state["now"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda dev=None: state["peak"])
+    assert working_mb(fn, "cuda:1") == 96.0
+    assert calls == [("sync", "cuda:1"), ("reset", "cuda:1"), "fn", ("sync", "cuda:1")]
+
+
 def test_working_memory_is_the_peak_of_what_a_call_allocates_and_weights_count_shared_storage_once(capfd):
     x = torch.randn(512, 512)                  # 1 MiB
     state = [torch.randn(1024, 1024)]           # 4 MiB made before the first call
