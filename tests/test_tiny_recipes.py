@@ -184,7 +184,8 @@ def test_tiny_t2i_training_loop_records_its_curves():
                                        (["--steps", "0"], "≥ 1"), (["--device", "cuda", "--isa-pin"], None),
                                        (["--background-weight", "0"], "(0, 1]"), (["--background-weight", "1.5"], "(0, 1]"),
                                        (["--eval-every", "-1"], "≥ 0"), (["--time-budget", "0"], "> 0 seconds"),
-                                       (["--batch", "0"], "--batch must be ≥ 1, got 0")])
+                                       (["--batch", "0"], "--batch must be ≥ 1, got 0"),
+                                       (["--recipe", "fast"], "argument --recipe: invalid choice: 'fast' (choose from")])
 def test_tiny_t2i_refuses_bad_options_before_training(args, msg, capsys, monkeypatch):
     """Wrong devices and step counts are refused with the range, before any data is made or file written
     (``run`` would fail the test if reached)."""
@@ -200,8 +201,8 @@ def test_tiny_t2i_refuses_bad_options_before_training(args, msg, capsys, monkeyp
 def test_tiny_t2i_passes_steps_and_device_to_the_run(monkeypatch, tmp_path):
     from bench.recipes import tiny_t2i
     seen = {}
-    monkeypatch.setattr(tiny_t2i, "run", lambda out, stages, progress, device, t2i_recipe: seen.update(
-        out=out, stages=stages, device=device, recipe=t2i_recipe))
+    monkeypatch.setattr(tiny_t2i, "run", lambda out, stages, progress, device, t2i_recipe, recipe_name: seen.update(
+        out=out, stages=stages, device=device, recipe=t2i_recipe, name=recipe_name))
     assert tiny_t2i.main(["--out", str(tmp_path), "--stages", "t2i", "--steps", "12", "--device", "cpu"]) == 0
     assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "steps": 12} and seen["device"] == "cpu"
     assert seen["stages"] == ["t2i"] and tiny_t2i.T2I_RECIPE["steps"] == 6000
@@ -216,7 +217,13 @@ def test_tiny_t2i_passes_steps_and_device_to_the_run(monkeypatch, tmp_path):
     assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "batch": 192, "time_budget_s": 300.0}
     assert tiny_t2i.T2I_RECIPE["batch"] == 48
     tiny_t2i.main(["--out", str(tmp_path)])
-    assert seen["recipe"] is tiny_t2i.T2I_RECIPE and seen["stages"] == list(tiny_t2i.STAGES)
+    assert seen["recipe"] is tiny_t2i.T2I_RECIPE and seen["stages"] == list(tiny_t2i.STAGES) and seen["name"] == "cpu"
+    tiny_t2i.main(["--out", str(tmp_path), "--recipe", "gpu", "--device", "cpu"])   # the shipped files' recipe
+    assert seen["recipe"] is tiny_t2i.T2I_GPU_RECIPE and seen["name"] == "gpu"
+    assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "steps": 3200, "batch": 192, "eval_every": 4000,
+                              "background_weight": 0.25}
+    tiny_t2i.main(["--out", str(tmp_path), "--recipe", "gpu", "--steps", "100"])
+    assert seen["recipe"] == {**tiny_t2i.T2I_GPU_RECIPE, "steps": 100} and seen["name"] == "gpu"
 
 
 def test_tiny_t2i_background_weight_reaches_the_loss():
