@@ -519,9 +519,9 @@ def main(argv=None) -> int:
                         "at most --steps; quality-curve points not counted): for a machine whose speed is not known "
                         "in advance; the manifest records the steps run")
     p.add_argument("--batch", type=int, default=None,
-                   help=f"rows per training step (default {T2I_RECIPE['batch']}; a GPU trains larger batches at "
-                        "about the same time per step; the learning rate and schedule stay the recipe's; recorded "
-                        "in the manifest's recipe)")
+                   help=f"rows per training step (default {T2I_RECIPE['batch']}; on one H200 shared by three runs "
+                        "a step took 90 ms at 48 rows, 102 ms at 192 and 148 ms at 512; the learning rate and schedule "
+                        "stay the recipe's; recorded in the manifest's recipe)")
     p.add_argument("--background-weight", type=float, default=None,
                    help="weight in (0, 1] of the loss of tokens whose cell holds no object (default: absent, i.e. 1, "
                         "Infinity's uniform average; recorded in the manifest's recipe)")

@@ -21,17 +21,19 @@
 #            fit $T2I_TRAIN_S seconds (default 300; the recipe's --time-budget: paced on its first 100
 #            steps, at most $T2I_MAX_STEPS, default 60000), a quality-curve point every $T2I_EVAL_EVERY
 #            steps (default 5000; 0: none), the quality bars measured at the end; one run per batch size
-#            in $T2I_BATCHES (default "48", the recipe's), all at once on the one GPU (a step of the tiny
-#            config leaves it mostly idle), each packed into $OUT/t2i-b<batch>.tar (its manifest, the two
-#            trained files and its log)
+#            in $T2I_BATCHES (default "48", the recipe's), all at once on the one GPU (on an H200, three
+#            at once ran batch 192 at 102 ms per step, alone at 49), each packed into $OUT/t2i-b<batch>.tar
+#            (its manifest, the two trained files and its log)
 #
-# Time: t2i takes about T2I_TRAIN_S + 3 minutes (its data and latents, the final eval), the other checks
-# 3–5 minutes together; with the defaults, run t2i in a call of its own (one call ≤ 10 minutes).
+# Time, measured on an H200: t2i takes about T2I_TRAIN_S + 1 minute (its data and latents, the final eval:
+# 330 s gave 388 s for three runs at once, 170 s gave 211 s); env 7 s, official 21 s; latency with
+# LAT_COMPILE=1 about 65 s (plus the memory pre-check). Run t2i in a call of its own (one call ≤ 10 minutes).
 #
 # Everything is written under $OUT (default ./gpu-checks): log.txt (all output), summary.txt (one line
 # per check: ok / FAILED / skipped and its time; the numbers are in the log), latency/ (the latency
-# records), t2i-b<batch>.tar (above): few files, as a device machine returns at most 8. DEVICE (default cuda) may be set to cpu to try the script's logic on a machine without a GPU
-# (small: LAT_MODEL=tiny-var REPS=3 T2I_MAX_STEPS=2 T2I_EVAL_EVERY=0).
+# records), t2i-b<batch>.tar (above): few files, as a device machine returns at most 8. DEVICE (default
+# cuda) may be set to cpu to try the script's logic on a machine without a GPU (small: LAT_MODEL=tiny-var
+# REPS=3 T2I_MAX_STEPS=2 T2I_EVAL_EVERY=0).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-checks}
