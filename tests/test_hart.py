@@ -30,9 +30,15 @@ FIXTURE = Path(__file__).parent / "fixtures" / "official" / "hart_golden.safeten
 REGENERATE = ("regenerate it from a mit-han-lab/hart checkout: "
               "python tests/fixtures/official/make_hart_golden.py --official /path/to/hart (see its docstring)")
 
-LOGITS_ATOL = 1e-5      # logits of a few units
-LATENT_ATOL = 1e-5      # tokenizer residual, teacher-forcing input, diffusion residual
-IMAGE_ATOL = 1e-5       # sampled images in [0, 1]
+# The golden file was written by the official code on another CPU; float32 results differ in the last
+# bits between CPUs (BLAS kernels sum in another order). Largest differences measured on an AMD EPYC
+# (AVX-512): logits 1.05e-5, diffusion residual 4.6e-5 (its sampling loop compounds them over the
+# denoising steps), images 5.8e-6 (1.4e-5 / 5.2e-5 with more_smooth). The bounds keep about 4× over
+# those and stay far below what a wrong model gives (one uint8 level of an image is 3.9e-3).
+LOGITS_ATOL = 5e-5      # logits of a few units
+LATENT_ATOL = 1e-5      # tokenizer residual, teacher-forcing input
+DIFFUSION_ATOL = 2e-4   # the diffusion head's sampled residual
+IMAGE_ATOL = 2.5e-5     # sampled images in [0, 1]
 # more_smooth divides logits by a Gumbel temperature down to 0.0135: last-bit differences grow ~100×.
 SMOOTH_IMAGE_ATOL = 2e-4
 
@@ -139,7 +145,7 @@ def test_diffusion_head_alone(golden, models):
     g.set_state(tensors["a.sample.0.diff_rng_state"])
     t = meta["samplings"]["a"][0]["diffusion_cfg"]
     res = models["a"].diffloss.sample(tensors["a.sample.0.diff_z"], cfg=t, generator=g)
-    assert _maxdiff(res, tensors["a.sample.0.residual"]) <= LATENT_ATOL
+    assert _maxdiff(res, tensors["a.sample.0.residual"]) <= DIFFUSION_ATOL
 
 
 @pytest.mark.parametrize("name,i", _settings())
