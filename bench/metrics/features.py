@@ -180,7 +180,7 @@ def predict_logits(model: TinyShapesCNN, images_uint8: torch.Tensor, batch_size:
     dev = next(model.parameters()).device
     out = [model.logits(x.to(dev)).cpu() for x in images_uint8.split(batch_size)]
     model.train(was_training)
-    return torch.cat(out) if out else torch.zeros(0, model.num_classes)
+    return torch.cat(out)   # an empty batch splits into one empty chunk: [0, num_classes]
 
 
 def accuracy(model: TinyShapesCNN, images_uint8: torch.Tensor, labels: torch.Tensor, batch_size: int = 256) -> float:
