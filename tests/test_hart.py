@@ -292,3 +292,139 @@ def test_default_guess_is_0_7b():
     assert 0.72e9 < n < 0.74e9 and 36e6 < n_diff < 38e6, (n, n_diff)
     assert cfg.image_size == 1024 and cfg.seq_len == 300 + 9451 - 1
     assert model.attn_bias_for_masking.shape == (1, 1, 9750, 9750)
+
+
+# ---------------------------------------------------------------- the diffusion head, by hand
+# The golden residual alone leaves much of the head unchecked: with random weights, about 45 % of its
+# values sit on the clamp (x0 clamped to [-1, 1], times 0.6), and the golden run uses temperature 1.
+def test_respacing_sections_ddim_strides_and_refusals():
+    # "3,1,2" over 11 steps: sections of 4, 4, 3; strides 1.5, —, 2; positions rounded half to even
+    assert sorted(space_timesteps(11, "3,1,2")) == [0, 2, 3, 4, 8, 10]
+    assert space_timesteps(10, [1, 2]) == {0, 5, 9} and space_timesteps(10, 5) == space_timesteps(10, "5")
+    assert sorted(space_timesteps(10, "ddim3")) == [0, 4, 8]   # stride 3 would give 4 steps
+    assert sorted(space_timesteps(10, "ddim10")) == list(range(10))
+    with pytest.raises(ValueError, match=r"^cannot create exactly 7 steps with an integer stride$"):
+        space_timesteps(10, "ddim7")
+    with pytest.raises(ValueError, match=r"^cannot divide section of 4 steps into 5$"):
+        space_timesteps(8, "5,1")
+    assert sorted(space_timesteps(8, "4,4")) == list(range(8))   # a section may be taken whole
+
+
+def test_schedule_of_one_step_has_no_clipped_posterior_variance():
+    from bench.models.hart_diffusion import RespacedSchedule
+    s = RespacedSchedule("1")
+    assert s.num_steps == 1 and s.post_log_var.shape == (0,)
+    assert len(RespacedSchedule("2").post_log_var) == 2
+
+
+def test_sinusoid_is_glide_cos_then_sin_with_a_zero_column_for_odd_dims():
+    from bench.models.hart_diffusion import TimestepEmbedder
+    t = torch.tensor([0, 3, 250, 999])
+    for dim in (8, 9):
+        half = dim // 2
+        freqs = [math.exp(-math.log(10000) * k / half) for k in range(half)]
+        want = torch.tensor([[math.cos(ti * f) for f in freqs] + [math.sin(ti * f) for f in freqs] + [0.0] * (dim % 2)
+                             for ti in t.tolist()])
+        got = TimestepEmbedder.sinusoid(t, dim)
+        assert got.shape == (4, dim)
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-4)   # float32 arguments up to 999 rad
+
+
+def test_mlp_norms_are_the_official_eps():
+    from bench.models.hart_diffusion import SimpleMLPAdaLN
+    net = SimpleMLPAdaLN(4, 16, 8, depth=2)
+    norms = [m for m in net.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert len(norms) == 3 and all(m.eps == 1e-6 for m in norms)
+    assert [m.elementwise_affine for m in norms] == [True, True, False]
+
+
+@pytest.mark.parametrize("i,temperature", [(3, 0.7), (0, 0.7), (5, 1.0)])
+def test_one_denoising_step_is_iddpm_learned_range_by_hand(i, temperature):
+    """x_t → x_{t−1} in float64 from the cosine ᾱ of the kept timesteps, written out (Nichol & Dhariwal
+    eq. 15 for the variance, eq. 10–12 for the posterior mean), against the head's float32 step."""
+    from bench.models.hart_diffusion import DiffusionHead
+    head = DiffusionHead(Cvae=4, z_channels=8, width=16, depth=1, num_sampling_steps="8")
+    g = torch.Generator().manual_seed(i)
+    x, eps, noise = (torch.randn(6, 4, generator=g) for _ in range(3))
+    x = x * 0.5 + 0.3 * torch.sign(x)   # some x0 inside (-1, 1), some clamped
+    v = torch.rand(6, 4, generator=g) * 2 - 1
+    abar = lambda t: math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2  # noqa: E731
+    kept = sorted(space_timesteps(1000, "8"))
+    ac = [abar((k + 1) / 1000) / abar(0) for k in kept]   # ᾱ of each kept step
+    ac = [min(a, 1.0) for a in ac]
+    ac_prev = 1.0 if i == 0 else ac[i - 1]
+    beta = 1 - ac[i] / ac_prev
+    post_var = lambda j: (1 - (1.0 if j == 0 else ac[j - 1])) / (1 - ac[j]) * (1 - ac[j] / (1.0 if j == 0 else ac[j - 1]))  # noqa: E731
+    log_post = math.log(post_var(1) if i == 0 else post_var(i))   # clipped: step 0 takes step 1's
+    frac = (v.double() + 1) / 2
+    log_var = frac * math.log(beta) + (1 - frac) * log_post
+    x0 = (x.double() / math.sqrt(ac[i]) - math.sqrt(1 / ac[i] - 1) * eps.double()).clamp(-1, 1)
+    mean = beta * math.sqrt(ac_prev) / (1 - ac[i]) * x0 + (1 - ac_prev) * math.sqrt(1 - beta) / (1 - ac[i]) * x.double()
+    want = mean + (0.0 if i == 0 else 1.0) * torch.exp(0.5 * log_var) * noise.double() * temperature
+    got = head._step(x, eps, v, i, noise, temperature)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- the hybrid tokenizer, by hand
+def _latent(tok, seed=0):
+    pn = tok.hart_cfg.v_patch_nums[-1]
+    return torch.randn(2, tok.quantize.Cvae, pn, pn, generator=torch.Generator().manual_seed(seed))
+
+
+def test_hybrid_fhat_is_codes_then_the_continuous_rest_and_rebuilds_the_latent(models):
+    import torch.nn.functional as F
+    tok = models["tok"]
+    q, pns = tok.quantize, tuple(tok.hart_cfg.v_patch_nums)
+    f = _latent(tok)
+    idx, res_BLC = q.f_to_idx_and_residual(f, pns)
+    HW = pns[-1]
+    want = torch.zeros_like(f)
+    for si, pn in enumerate(pns[:-1]):   # φ(bicubic-up(code)) of every scale but the last
+        code = q.embedding(idx[si]).transpose(1, 2).reshape(2, -1, pn, pn)
+        want += q.quant_resi[si](F.interpolate(code, size=(HW, HW), mode="bicubic"))
+    last_BChw = q.embedding(idx[-1]).transpose(1, 2).reshape(2, -1, HW, HW)
+    torch.testing.assert_close(q.idx_to_fhat(idx), want + last_BChw)   # codes only: the last without φ
+    torch.testing.assert_close(res_BLC.transpose(1, 2).reshape(f.shape), f - want)   # the rest before the last code
+    cont_BLC = res_BLC - q.embedding(idx[-1])
+    torch.testing.assert_close(q.idx_to_fhat(idx, cont_BLC), f)
+    (fhat,) = q.f_to_idx(f, to_fhat=True)
+    torch.testing.assert_close(fhat, f)   # the hybrid tokenizer loses nothing in latent space
+    assert all(torch.equal(a, b) for a, b in zip(q.f_to_idx(f), idx))
+    side = HW * tok.hart_cfg.downsample
+    img = torch.rand(1, 3, side, side, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    with torch.no_grad():
+        torch.testing.assert_close(tok.reconstruct(img), tok.fhat_to_img(tok.quant_conv(tok.encoder(img))))
+
+
+def test_teacher_input_and_additions_on_a_pyramid_other_than_the_tokenizers(models):
+    import torch.nn.functional as F
+    q = models["tok"].quantize
+    pns = (1, 2, 4)   # the tokenizer's own: 1…8
+    g = torch.Generator().manual_seed(2)
+    idx = [torch.randint(0, q.vocab_size, (2, pn * pn), generator=g) for pn in pns]
+    f_hat, want = torch.zeros(2, q.Cvae, 4, 4), []
+    for si, pn in enumerate(pns[:-1]):
+        code = q.embedding(idx[si]).transpose(1, 2).reshape(2, -1, pn, pn)
+        f_hat += q.phi(si, 3)(F.interpolate(code, size=(4, 4), mode="bicubic"))
+        want.append(F.interpolate(f_hat, size=(pns[si + 1],) * 2, mode="area").flatten(2).transpose(1, 2))
+    torch.testing.assert_close(q.idx_to_var_input(idx, pns), torch.cat(want, 1))
+    last = q.embedding(idx[-1]).transpose(1, 2).reshape(2, -1, 4, 4)
+    torch.testing.assert_close(q.idx_to_fhat(idx, patch_nums=pns), f_hat + last)
+    with pytest.raises(AssertionError, match="the last scale is added without φ"):
+        q.add_scale(2, f_hat, last, pns)
+
+
+@pytest.mark.parametrize("share", [0, 1, 4])
+def test_phi_of_a_scale_is_the_official_tick_for_every_sharing(share):
+    from bench.models.vqvae import phi_index_map
+    cfg = HARTConfig.small_for_tests().tokenizer
+    q = HARTTokenizer(cfg.replace(share_quant_resi=share)).quantize
+    SN = len(cfg.v_patch_nums)
+    for si in range(SN):   # the tokenizer's own pyramid: what the quantiser's index picks
+        assert q.phi(si, SN) is q.quant_resi[si]
+    phis = {0: lambda: [q.quant_resi._modules[str(k)] for k in range(SN)], 1: lambda: [q.quant_resi.qresi],
+            4: lambda: list(q.quant_resi.qresi_ls)}[share]()
+    assert len({id(p) for p in phis}) == len(phis) == {0: SN, 1: 1, 4: 4}[share]
+    for n in (3, 5):   # a shorter pyramid: the φ nearest si/(n−1) among the ticks
+        want = [0] * n if share == 1 else phi_index_map(len(phis), n)
+        assert [phis.index(q.phi(si, n)) for si in range(n)] == list(want)

@@ -83,9 +83,13 @@ class HybridQuantizer(MultiScaleQuantizer):
 
     def f_to_idx(self, f_BChw: torch.Tensor, to_fhat: bool = False) -> List[torch.Tensor]:
         """VQVAE API with HART semantics over the tokenizer's own ``v_patch_nums``: the token pyramid,
-        or (``to_fhat``) a one-element list with the hybrid f_hat (codes + continuous residual)."""
+        or (``to_fhat``) a one-element list with the hybrid f_hat: the codes plus the continuous residual
+        left after the last code (official: the training path's final stage adds all of ``f_rest``), so
+        f_hat is f itself up to rounding."""
         idx_list, residual_BLC = self.f_to_idx_and_residual(f_BChw, self.patch_nums)
-        return [self.idx_to_fhat(idx_list, residual_BLC)] if to_fhat else idx_list
+        if not to_fhat:
+            return idx_list
+        return [self.idx_to_fhat(idx_list, residual_BLC - self.embedding(idx_list[-1]))]
 
     def idx_to_var_input(self, idx_Bl_list: Sequence[torch.Tensor], patch_nums: Sequence[int] = None) -> torch.Tensor:
         """Teacher-forcing input (official ``idxBl_to_var_input``): f_hat after scales 0…S−2, each
