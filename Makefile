@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 WORLD   ?= tiny
 
-.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard setup-browser figures tiny-models tiny-t2i tiny-t2i-gpu mutation mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring clean
+.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard setup-browser figures tiny-models tiny-t2i tiny-t2i-gpu mutation mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring mutation-models clean
 
 setup: $(STAMP)
 
@@ -77,7 +77,9 @@ mutation: setup
 #   mutation-measure  parameter, FLOP and KV-cache counts, the latency bench's statistics and report: ~890, two hours
 #   mutation-scoring  the procedural datasets (tinyshapes, shapes scenes), the scene detector and checks, GenEval's
 #                     scoring rules and colour classifier, the tiny feature network: ~2400, three hours or more
-MUTATION_GROUPS = mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring
+#   mutation-models   the text-to-image models against their golden outputs (Infinity, BSQ VAE, tiny text encoder
+#                     and sampler, HART, its tokenizer and diffusion head): ~2400, several hours
+MUTATION_GROUPS = mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring mutation-models
 $(MUTATION_GROUPS): mutation-%: setup
 	$(BIN)/python tests/mutation/run.py --$*
 	$(BIN)/python tests/mutation/run.py --summary

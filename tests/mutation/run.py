@@ -155,7 +155,7 @@ MEASURE_TARGETS = [(m, fn, tests) for m, fns, tests in [
 # score that counts the wrong objects or a dataset that is not what its golden hash says.
 _SCENES = ["tests/test_scenes.py"]
 _GENEVAL = ["tests/test_geneval.py"]
-_FEATURES = ["tests/test_metrics.py", "-k", "cnn or extractor or feature"]
+_FEATURES = ["tests/test_metrics.py", "tests/test_features.py", "-k", "cnn or extractor or feature"]
 SCORING_TARGETS = [(m, fn, tests) for m, fns, tests in [
     ("bench.data.tinyshapes", ["class_name", "_chunk", "generate", "to_pm1"], ["tests/test_tinyshapes.py"]),
     ("bench.data.scenes", ["SceneSpec.__post_init__", "SceneSpec.count", "SceneSpec.prompt", "all_specs", "_pick",
@@ -176,6 +176,49 @@ SCORING_TARGETS = [(m, fn, tests) for m, fns, tests in [
                                 "save_feature_cnn", "read_feature_cnn_metadata", "load_feature_cnn", "_existing_weights",
                                 "_random_shift", "predict_logits", "accuracy", "train_feature_cnn",
                                 "FeatureExtractorTinyShapesCNN.forward", "register_tinyshapes_extractor"], _FEATURES),
+] for fn in fns]
+# The text-to-image models (Infinity and its BSQ VAE, the tiny-t2i text encoder and sampler, HART and its
+# tokenizer and diffusion head): each against its golden outputs from the official code and its own tests.
+# A survivor here is a model that differs from the official one while its golden tests still pass.
+_INF = ["tests/test_official_infinity.py", "tests/test_t2i.py", "tests/test_infinity_gaps.py"]
+_HART = ["tests/test_hart.py"]
+MODEL_TARGETS = [(m, fn, tests) for m, fns, tests in [
+    ("bench.models.infinity", ["rope2d_table", "apply_rope", "Rope.__init__", "RMSNorm.__init__",
+                               "RMSNorm.forward", "packed", "CrossAttention.__init__", "CrossAttention.text_kv",
+                               "CrossAttention.forward", "TextAttentivePool.__init__", "TextAttentivePool.forward",
+                               "CrossAttnBlock.__init__", "Infinity.__init__",
+                               "Infinity.block_list", "Infinity.encode_text", "Infinity.null_text",
+                               "Infinity.run_blocks", "Infinity.kv_caching", "Infinity.forward", "adapt_state_dict"], _INF),
+    # what only token methods reach: a subset's RoPE positions, the sub-layer names a policy routes
+    ("bench.models.infinity", ["Rope.at", "CrossAttnBlock.forward"], _INF + ["tests/test_token_methods_t2i.py"]),
+    ("bench.models.bsq", ["swish", "Normalize.__init__", "ResnetBlock.__init__", "ResnetBlock.forward",
+                          "Downsample.__init__", "Downsample.forward", "Upsample.__init__", "Upsample.forward", "_levels",
+                          "Encoder.__init__", "Encoder.forward", "Decoder.__init__", "Decoder.forward", "_resize",
+                          "BSQ.__init__", "BSQ.quantize", "BSQ.bits_to_codes", "BSQVAE.__init__", "BSQVAE.quantize",
+                          "BSQVAE.bits_to_latent", "BSQVAE.bits_to_var_input", "BSQVAE.requantize", "BSQVAE.decode",
+                          "BSQVAE.adapt_state_dict"], _INF),
+    ("bench.models.t2i", ["PromptGenerator.encode_prompts", "PromptGenerator.generate", "T2IGenerator.__init__",
+                          "T2IGenerator.sample_bits", "T2IGenerator.forward_teacher", "T2IGenerator.token_ce",
+                          "T2IGenerator.loss", "_check_leak", "to_uint8_trunc"], _INF),
+    ("bench.models.text", ["WordTokenizer.__call__", "TinyTextEncoder.__init__", "TinyTextEncoder.forward",
+                           "TinyTextEncoder.encode"], ["tests/test_t2i.py"]),
+    ("bench.models.hart_diffusion", ["space_timesteps", "cosine_betas", "RespacedSchedule.__init__", "modulate",
+                                     "TimestepEmbedder.__init__", "TimestepEmbedder.sinusoid", "ResBlock.__init__",
+                                     "ResBlock.forward", "FinalLayer.__init__", "FinalLayer.forward",
+                                     "SimpleMLPAdaLN.__init__", "SimpleMLPAdaLN.forward", "DiffusionHead.__init__",
+                                     "DiffusionHead._step", "DiffusionHead.sample"], _HART),
+    ("bench.models.hart_vae", ["HybridQuantizer.phi", "HybridQuantizer._embed_BChw",
+                               "HybridQuantizer.f_to_idx_and_residual", "HybridQuantizer.idx_to_var_input",
+                               "HybridQuantizer.add_scale", "HybridQuantizer.idx_to_fhat", "HARTTokenizer.__init__",
+                               "HARTTokenizer.adapt_state_dict"], _HART),
+    ("bench.models.hart", ["rope_inv_freq", "rope_1d", "rope_2d", "rotate_half", "apply_rope", "image_positions",
+                           "context_positions", "context_pool", "RMSNorm.__init__", "RMSNorm.forward",
+                           "LlamaAttention.__init__", "LlamaAttention.forward", "LlamaMLP.__init__", "LlamaMLP.forward",
+                           "AdaLNSelfAttn.__init__", "AdaLNSelfAttn.ada",
+                           "AdaLNBeforeHead.__init__", "AdaLNBeforeHead.ada", "AdaLNBeforeHead.forward", "HART.__init__",
+                           "HART.attach", "HART.tokenizer", "HART.kv_caching", "HART.forward", "HART.sample_tokens",
+                           "HART.decode_uint8"], _HART),
+    ("bench.models.hart", ["AdaLNSelfAttn.forward"], _HART + ["tests/test_token_methods_hart.py"]),
 ] for fn in fns]
 DESELECT = ["tests/test_methods.py::test_ft_lowers_the_training_loss"]
 
@@ -264,6 +307,34 @@ def _replace(root, old, new):
     raise RuntimeError("node not found")
 
 
+def _codes(code):
+    """A code object and every code object nested in it."""
+    yield code
+    for c in code.co_consts:
+        if hasattr(c, "co_consts"):
+            yield from _codes(c)
+
+
+def mutant_code(fn, new_fn: ast.FunctionDef, path: str):
+    """The code object of a mutated function, compiled so that its free variables are those of ``fn``
+    (same names, same order: CPython sorts them), so that it runs with ``fn``'s own closure cells. A method
+    calling ``super()`` has the free variable ``__class__``, which only a class body supplies; closure
+    variables are supplied by an enclosing function that binds the same names."""
+    free = fn.__code__.co_freevars
+    if free:   # names a mutant no longer uses (a deleted ``super().__init__()``) stay free: unreachable uses
+        new_fn = copy.deepcopy(new_fn)
+        new_fn.body.insert(0, ast.parse(f"if False:\n    ({', '.join(free)},)").body[0])
+    src = ast.unparse(new_fn)
+    if "__class__" in free:
+        src = "class _Mutant:\n" + textwrap.indent(src, "    ")
+    others = [n for n in free if n != "__class__"]
+    if others:
+        src = "def _mutant_scope():\n" + "".join(f"    {n} = None\n" for n in others) + \
+            textwrap.indent(src, "    ") + "\n    return None\n"
+    code = compile(src, path, "exec")
+    return next(c for c in _codes(code) if c.co_name == fn.__name__ and c is not code)
+
+
 def resolve(module, qualname):
     obj = importlib.import_module(module)
     for part in qualname.split("."):
@@ -319,6 +390,9 @@ GROUPS = {
                 "the structured pruners: OBS and its calibration, gradient scores, the pruner base, distillation losses"),
     "measure": (MEASURE_TARGETS, "measure-results.json", "costs and latency",
                 "the cost columns: parameter and FLOP counts, KV-cache sizes, latency statistics and report"),
+    "models": (MODEL_TARGETS, "models-results.json", "text-to-image models",
+               "the text-to-image models against their golden outputs: Infinity, its BSQ VAE, the tiny text encoder "
+               "and sampler, HART, its tokenizer and diffusion head"),
     "scoring": (SCORING_TARGETS, "scoring-results.json", "datasets and scoring",
                 "the procedural datasets, the scene detector, GenEval's scoring rules and colour classifier, the "
                 "tiny feature network"),
@@ -467,9 +541,7 @@ def main():
         print(f"{name}: {len(muts)} mutants, clean run {base:.1f}s, timeout {limit:.0f}s", flush=True)
         counts = totals.setdefault(os.path.relpath(path, ROOT) + "::" + qualname, {})
         for line, desc, new_fn in muts:
-            mod = ast.Module(body=[new_fn], type_ignores=[])
-            code = compile(mod, path, "exec")
-            fn_code = next(c for c in code.co_consts if getattr(c, "co_name", None) == fn.__name__)
+            fn_code = mutant_code(fn, new_fn, path)
             if fn_code.co_freevars != fn.__code__.co_freevars:
                 status, dt = "error(closure)", 0.0
             else:

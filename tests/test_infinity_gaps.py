@@ -1,0 +1,189 @@
+"""What the Infinity golden comparison (tests/test_official_infinity.py) cannot see, found by the
+mutation run (tests/mutation/run.py --models): the initialisation a from-scratch model (tiny-t2i)
+starts from, the text pool's head rule, the block-chunk layout, the training-time prompt drop, and
+the text keys/values computed once per generation."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from bench.models.bsq import BSQVAE
+from bench.models.infinity import CrossAttention, Infinity, TextAttentivePool
+from bench.models.t2i import T2IGenerator
+from bench.models.text import TinyTextEncoder
+from tests.test_t2i import SMALL, SMALL_VAE, TEXT, _perturbed, _text
+
+
+@pytest.fixture(scope="module")
+def small_gen():
+    """The small text-to-image generator of tests/test_t2i.py, built here (module-scoped: this file may
+    change its state)."""
+    torch.manual_seed(0)
+    gen = T2IGenerator(_perturbed(Infinity(SMALL)), _perturbed(BSQVAE(SMALL_VAE), 1), TinyTextEncoder(TEXT))
+    return gen.eval().requires_grad_(False)
+
+
+def _std_ratio(t: torch.Tensor, want: float) -> float:
+    return t.float().std().item() / want
+
+
+def test_fresh_model_is_initialised_as_official():
+    torch.manual_seed(0)
+    cfg = SMALL.replace(depth=4, block_chunks=1, width=128, num_heads=4, text_channels=256, text_maxlen=16)
+    m = Infinity(cfg)
+    C, Ct5 = cfg.width, cfg.text_channels
+    # the null prompt: trunc-normal std 1.2 from its own seed 0, divided by √Ct5, whatever the global seed
+    want = torch.nn.init.trunc_normal_(torch.empty(16, Ct5), std=1.2, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(m.cfg_uncond.data, want / Ct5 ** 0.5)
+    std = math.sqrt(1 / C / 3)
+    for name, t in (("pos_start", m.pos_start), ("lvl_embed", m.lvl_embed.weight),
+                    ("pool query", m.text_proj_for_sos.ca.mat_q)):
+        assert 0.85 < _std_ratio(t, std) < 1.15 if t.numel() < 1000 else 0.94 < _std_ratio(t, std) < 1.06, name
+    gss = torch.cat([b.ada_gss.flatten() for b in m.block_list])   # randn / √C
+    assert 0.96 < _std_ratio(gss, 1 / math.sqrt(C)) < 1.04
+
+
+def test_text_pool_heads_follow_the_official_width_rule():
+    with torch.device("meta"):
+        assert TextAttentivePool(SMALL.replace(text_channels=256)).ca.H == 2   # 128 per head up to width 4096
+        wide = SMALL.replace(width=4160, num_heads=65, text_channels=192)
+        assert TextAttentivePool(wide).ca.H == 3                             # 64 per head above
+        assert TextAttentivePool(SMALL.replace(width=4096, num_heads=64, text_channels=256)).ca.H == 2
+        for cfg, rule in ((SMALL.replace(text_channels=192), 128), (wide.replace(text_channels=160), 64)):
+            with pytest.raises(ValueError) as e:
+                TextAttentivePool(cfg)
+            assert str(e.value) == (f"text_channels {cfg.text_channels} must be a multiple of the pool's head dim "
+                                    f"({rule}, official rule)")
+    pool = CrossAttention(64, 32, 4, for_attn_pool=True)
+    assert pool.mat_q.shape == (1, 4, 16)
+
+
+def test_block_chunks_layout_and_refusal():
+    m = Infinity(SMALL.replace(depth=4, block_chunks=2))
+    assert [b.block_idx for b in m.block_list] == [0, 1, 2, 3]
+    assert {k.split(".module.")[0] for k in m.state_dict() if k.startswith("block_chunks")} == \
+        {"block_chunks.0", "block_chunks.1"}
+    assert "blocks.0.sa.mat_qkv.weight" in Infinity(SMALL.replace(depth=2, block_chunks=1)).state_dict()
+    with pytest.raises(ValueError) as e:
+        Infinity(SMALL.replace(depth=3, block_chunks=2))
+    assert str(e.value) == "depth 3 is not a multiple of block_chunks 2"
+
+
+def _teacher_inputs(gen, B=2):
+    feats, mask = _text(gen)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(B, gen.infinity.cfg.L - 1, gen.infinity.d, generator=g)
+    return feats, mask, x
+
+
+def test_training_drops_prompts_to_the_null_prompt_at_the_configured_rate(small_gen):
+    inf = small_gen.infinity
+    feats, mask, x = _teacher_inputs(small_gen)
+    with torch.no_grad():
+        cond = inf(feats, mask, x)
+        null = inf(inf.null_text(mask), mask, x)
+        try:
+            inf.cfg = inf.cfg.replace(cond_drop_rate=1.0)
+            inf.train()
+            assert torch.equal(inf(feats, mask, x), null)   # every prompt dropped
+            inf.cfg = inf.cfg.replace(cond_drop_rate=0.5)
+            torch.manual_seed(0)
+            drop = torch.rand(2) < 0.5
+            assert drop.tolist() == [True, False], "pick a seed that drops one row of two"
+            torch.manual_seed(0)
+            got = inf(feats, mask, x)
+            assert torch.equal(got[0], null[0]) and torch.equal(got[1], cond[1])
+            inf.eval()
+            assert torch.equal(inf(feats, mask, x), cond)   # never in eval mode
+        finally:
+            inf.cfg = inf.cfg.replace(cond_drop_rate=SMALL.cond_drop_rate)
+            inf.eval()
+
+
+def test_text_keys_and_values_are_computed_once_per_generation(small_gen):
+    inf = small_gen.infinity
+    feats, mask = _text(small_gen)
+    computed = []
+    orig = CrossAttention.text_kv
+
+    def counting(self, kv, m):
+        before = self._kv
+        out = orig(self, kv, m)
+        computed.append(before is None or before[0] is not kv)
+        return out
+
+    CrossAttention.text_kv = counting
+    try:
+        bits1, _ = small_gen.sample_bits(feats, mask, seed=0)
+        n_blocks, n_scales = len(inf.block_list), len(small_gen.schedule)
+        # the text pool (the start token's condition) reads the text once, uncached; each block's
+        # cross-attention reads it at every scale and computes it at the first
+        assert len(computed) == n_blocks * n_scales + 1 and sum(computed) == n_blocks + 1
+        computed.clear()
+        bits2, _ = small_gen.sample_bits(feats, mask, seed=0, cache_text_kv=False)
+        assert sum(computed) == n_blocks * n_scales + 1   # the official loop: every scale
+        assert all(torch.equal(a, b) for a, b in zip(bits1, bits2))
+        computed.clear()
+        other = _text(small_gen, ("a blue square", "a red circle"))
+        bits3, _ = small_gen.sample_bits(*other, seed=0)   # a new generation does not reuse the last text
+        assert sum(computed) == n_blocks + 1 and not all(torch.equal(a, b) for a, b in zip(bits1, bits3))
+    finally:
+        CrossAttention.text_kv = orig
+    assert all(not b.ca.cache_text and b.ca._kv is None for b in inf.block_list)   # caching ends with the generation
+
+
+def test_bsq_group_norm_rule_and_patch_levels():
+    from bench.models.bsq import Normalize, _levels
+    assert Normalize(64).norm.num_groups == 32 and Normalize(48).norm.num_groups == 24
+    assert Normalize(96).norm.num_groups == 32 and Normalize(64).norm.eps == 1e-6
+    with pytest.raises(ValueError) as e:
+        Normalize(40)
+    assert str(e.value) == "BSQ VAE channel count 40 is not a multiple of 32 or 24 (official GroupNorm rule)"
+    cfg = dataclasses.replace(SMALL_VAE, ch_mult=(1, 1, 2))   # three levels: patch 2, 4 or 8
+    assert [_levels(dataclasses.replace(cfg, patch_size=p)) for p in (2, 4, 8)] == [1, 2, 3]
+    for p in (1, 3, 16):
+        with pytest.raises(ValueError) as e:
+            _levels(dataclasses.replace(cfg, patch_size=p))
+        assert str(e.value) == f"patch_size {p} must be 2^k with 1 ≤ k ≤ len(ch_mult)=3"
+
+
+def test_text_pool_with_several_heads_by_hand():
+    """The pooled condition with 4 heads (the small test models have one): each head's learned query
+    attends over the valid text tokens; heads concatenated, then the output projection."""
+    torch.manual_seed(1)
+    pool = CrossAttention(64, 32, 4, for_attn_pool=True)
+    with torch.no_grad():
+        for p in pool.parameters():
+            p.normal_(0, 0.3)
+    kv = torch.randn(2, 5, 32)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    got = pool(None, kv, mask)
+    W = pool.mat_kv.weight
+    for b in range(2):
+        n = int(mask[b].sum())
+        k, v = (kv[b, :n] @ W[:64].T), (kv[b, :n] @ W[64:].T + pool.v_bias)
+        heads = []
+        for h in range(4):
+            q = pool.mat_q[0, h]
+            a = torch.softmax(k[:, h * 16:(h + 1) * 16] @ q / 4.0, dim=0)
+            heads.append(a @ v[:, h * 16:(h + 1) * 16])
+        want = pool.proj(torch.cat(heads))
+        torch.testing.assert_close(got[b, 0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_official_files_extra_buffers_are_dropped_and_nothing_else():
+    from bench.checkpoint import CheckpointMismatch, load_strict
+    from bench.models.infinity import adapt_state_dict
+    m = Infinity(SMALL)
+    sd = dict(m.state_dict())
+    extra = {k: torch.zeros(1) for k in ("lvl_1L", "attn_bias_for_masking", "Infinity_visible_kvlen",
+                                         "Infinity_invisible_qlen")}
+    adapted = adapt_state_dict({**sd, **extra})
+    assert adapted.keys() == sd.keys() and all(adapted[k] is sd[k] for k in sd)
+    load_strict(Infinity(SMALL), adapted, "official-layout Infinity state_dict")
+    with pytest.raises(CheckpointMismatch) as e:
+        load_strict(Infinity(SMALL), {**sd, **extra}, "unadapted")
+    assert all(k in str(e.value) for k in extra)
