@@ -428,3 +428,37 @@ def test_phi_of_a_scale_is_the_official_tick_for_every_sharing(share):
     for n in (3, 5):   # a shorter pyramid: the φ nearest si/(n−1) among the ticks
         want = [0] * n if share == 1 else phi_index_map(len(phis), n)
         assert [phis.index(q.phi(si, n)) for si in range(n)] == list(want)
+
+
+# ---------------------------------------------------------------- conditions and initialisation
+def test_context_pool_max_over_every_token_mean_over_the_valid_ones():
+    from bench.models.hart import context_pool
+    g = torch.Generator().manual_seed(0)
+    cond = torch.randn(3, 4, 5, generator=g)
+    mask = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)   # 1, 3 and 4 valid
+    torch.testing.assert_close(context_pool(cond, mask, "max"), cond.max(1).values)   # padding included
+    want = torch.stack([cond[b, :int(mask[b].sum())].mean(0) for b in range(3)])
+    torch.testing.assert_close(context_pool(cond, mask, "avg"), want)
+
+
+def test_head_modulation_max_pools_a_context_of_any_length():
+    from bench.models.hart import AdaLNBeforeHead
+    torch.manual_seed(0)
+    head = AdaLNBeforeHead(8, 1e-6)
+    for T in (1, 2, 5):
+        cond = torch.randn(3, T, 8)
+        want = head.ada_lin(cond.max(1).values).view(3, 1, 2, 8)
+        got = head.ada(cond)
+        assert got.shape == (3, 1, 2, 8)
+        torch.testing.assert_close(got, want)
+        assert torch.equal(cond, cond.clone())
+
+
+def test_fresh_attention_and_shared_modulation_initialised_as_official():
+    from bench.models.hart import AdaLNSelfAttn, LlamaAttention
+    attn = LlamaAttention(64, 4, l2_norm=True)   # cosine attention's temperature starts at 4 per head
+    assert torch.equal(attn.scale_mul_1H11.data, torch.full((1, 4, 1, 1), math.log(4.0)))
+    cfg = HARTConfig.small_for_tests(embed_dim=256, disable_aln=True, shared_aln=True)
+    torch.manual_seed(0)
+    table = torch.cat([AdaLNSelfAttn(cfg).scale_shift_table.flatten() for _ in range(4)])   # randn / √C
+    assert 0.95 < table.std().item() * 16 < 1.05

@@ -187,3 +187,33 @@ def test_official_files_extra_buffers_are_dropped_and_nothing_else():
     with pytest.raises(CheckpointMismatch) as e:
         load_strict(Infinity(SMALL), {**sd, **extra}, "unadapted")
     assert all(k in str(e.value) for k in extra)
+
+
+def test_bsq_vae_with_growing_channels_keeps_its_shapes():
+    """Every small config elsewhere has ch_mult (1, 1): here the widths grow (32 → 64), so each level's
+    blocks must start from the previous level's width, in the encoder and the decoder."""
+    cfg = dataclasses.replace(SMALL_VAE, ch_mult=(1, 2), num_res_blocks=2, patch_size=2)
+    vae = BSQVAE(cfg)
+    enc = vae.encoder
+    widths = [(b.conv1.conv.in_channels, b.conv2.conv.out_channels) for lvl in enc.down for b in lvl.block]
+    assert widths == [(32, 32), (32, 32), (32, 64), (64, 64)]
+    img = torch.rand(1, 3, 8, 8) * 2 - 1
+    with torch.no_grad():
+        z = vae.encoder(img)
+        assert z.shape == (1, cfg.codebook_dim, 4, 4)
+        assert vae.decode(z).shape == (1, 3, 8, 8)
+    assert vae.decoder.conv_in.conv.out_channels == 64
+
+
+def test_bsq_straight_through_gradient_is_that_of_the_unit_vector_over_the_bits():
+    from bench.models.bsq import BSQ
+    q = BSQ(4)
+    z = torch.randn(2, 4, 1, 3, 3, requires_grad=True)
+    w = torch.randn(2, 4, 1, 3, 3)
+    codes, bits = q.quantize(z)
+    assert torch.equal(codes.detach().abs(), torch.full_like(codes, 0.5))   # ±1/√d
+    assert torch.equal(bits.view(2, 3, 3, 4).permute(0, 3, 1, 2), (z > 0).long().squeeze(2))
+    (codes * w).sum().backward()
+    z2 = z.detach().clone().requires_grad_(True)
+    (torch.nn.functional.normalize(z2, dim=1) * w).sum().backward()   # d = dim 1 of [B, d, 1, h, w]
+    torch.testing.assert_close(z.grad, z2.grad)
