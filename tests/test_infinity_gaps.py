@@ -39,9 +39,15 @@ def test_fresh_model_is_initialised_as_official():
     want = torch.nn.init.trunc_normal_(torch.empty(16, Ct5), std=1.2, generator=torch.Generator().manual_seed(0))
     assert torch.equal(m.cfg_uncond.data, want / Ct5 ** 0.5)
     std = math.sqrt(1 / C / 3)
-    for name, t in (("pos_start", m.pos_start), ("lvl_embed", m.lvl_embed.weight),
-                    ("pool query", m.text_proj_for_sos.ca.mat_q)):
-        assert 0.85 < _std_ratio(t, std) < 1.15 if t.numel() < 1000 else 0.94 < _std_ratio(t, std) < 1.06, name
+    for name, t in (("pos_start", m.pos_start), ("lvl_embed", m.lvl_embed.weight)):   # trunc-normal, mean 0
+        tol = 0.15 if t.numel() < 1000 else 0.06
+        assert abs(_std_ratio(t, std) - 1) < tol and abs(t.mean().item()) < 3 * std / t.numel() ** 0.5, name
+    pool = CrossAttention(1024, 64, 8, for_attn_pool=True)   # the pool's query: the same scale, at width 1024
+    assert abs(_std_ratio(pool.mat_q, math.sqrt(1 / 1024 / 3)) - 1) < 0.06
+    # the drop-path rate grows linearly over the blocks (training only)
+    rates = [getattr(b.drop_path, "p", 0.0) for b in Infinity(cfg.replace(drop_path_rate=0.3)).block_list]
+    assert rates == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    assert all(not b.ca.cache_text and b.ca._kv is None for b in m.block_list)   # text caching is a sampling mode
     gss = torch.cat([b.ada_gss.flatten() for b in m.block_list])   # randn / √C
     assert 0.96 < _std_ratio(gss, 1 / math.sqrt(C)) < 1.04
 
@@ -67,6 +73,9 @@ def test_block_chunks_layout_and_refusal():
     assert {k.split(".module.")[0] for k in m.state_dict() if k.startswith("block_chunks")} == \
         {"block_chunks.0", "block_chunks.1"}
     assert "blocks.0.sa.mat_qkv.weight" in Infinity(SMALL.replace(depth=2, block_chunks=1)).state_dict()
+    with pytest.raises(ValueError) as e:
+        m.null_text(torch.ones(1, SMALL.text_maxlen + 1, dtype=torch.bool))
+    assert str(e.value) == f"text length {SMALL.text_maxlen + 1} exceeds the null prompt's {SMALL.text_maxlen} rows"
     with pytest.raises(ValueError) as e:
         Infinity(SMALL.replace(depth=3, block_chunks=2))
     assert str(e.value) == "depth 3 is not a multiple of block_chunks 2"
@@ -109,10 +118,10 @@ def test_text_keys_and_values_are_computed_once_per_generation(small_gen):
     computed = []
     orig = CrossAttention.text_kv
 
-    def counting(self, kv, m):
+    def counting(self, kv, m):   # computed: the keys/values returned are not the cached ones
         before = self._kv
         out = orig(self, kv, m)
-        computed.append(before is None or before[0] is not kv)
+        computed.append(before is None or out[0] is not before[1][0])
         return out
 
     CrossAttention.text_kv = counting
