@@ -58,6 +58,8 @@ def test_text_pool_heads_follow_the_official_width_rule():
         wide = SMALL.replace(width=4160, num_heads=65, text_channels=192)
         assert TextAttentivePool(wide).ca.H == 3                             # 64 per head above
         assert TextAttentivePool(SMALL.replace(width=4096, num_heads=64, text_channels=256)).ca.H == 2
+        with pytest.raises(ValueError, match=r"\(128, official rule\)"):   # 4096 itself is still 128 per head
+            TextAttentivePool(SMALL.replace(width=4096, num_heads=64, text_channels=192))
         for cfg, rule in ((SMALL.replace(text_channels=192), 128), (wide.replace(text_channels=160), 64)):
             with pytest.raises(ValueError) as e:
                 TextAttentivePool(cfg)
@@ -226,3 +228,53 @@ def test_bsq_straight_through_gradient_is_that_of_the_unit_vector_over_the_bits(
     z2 = z.detach().clone().requires_grad_(True)
     (torch.nn.functional.normalize(z2, dim=1) * w).sum().backward()   # d = dim 1 of [B, d, 1, h, w]
     torch.testing.assert_close(z.grad, z2.grad)
+
+
+def test_quantize_refuses_a_schedule_that_misses_the_latent_grid():
+    vae = BSQVAE(SMALL_VAE)
+    with pytest.raises(ValueError) as e:
+        vae.quantize(torch.randn(1, SMALL_VAE.codebook_dim, 4, 4), ((1, 1), (2, 2)))
+    assert str(e.value) == "the schedule's last scale (2, 2) must equal the latent grid (4, 4)"
+
+
+@pytest.mark.parametrize("flip_p", [1.0, 0.3])
+def test_bitwise_self_correction_by_hand(flip_p):
+    """Infinity §3.3: each scale's labels are the quantiser's bits of the residual left by the
+    *corrupted* running sum; a flipped bit's code (not the label's) enters the sum and the teacher input."""
+    import torch.nn.functional as tF
+    vae = BSQVAE(SMALL_VAE)
+    d, sched = SMALL_VAE.codebook_dim, ((1, 1), (2, 2), (4, 4))
+    z = torch.randn(2, d, 4, 4, generator=torch.Generator().manual_seed(0))
+    labels, x = vae.requantize(z, sched, flip_p, torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(1)
+    total, xs = torch.zeros(2, d, 1, 4, 4), []
+    for si, (h, w) in enumerate(sched):
+        r = tF.interpolate(z.unsqueeze(2) - total, size=(1, h, w), mode="area")
+        bits = (tF.normalize(r.permute(0, 2, 3, 4, 1).reshape(2, -1, d), dim=-1) > 0).long()
+        assert torch.equal(labels[si], bits), si
+        flip = torch.rand(bits.shape, generator=g) < flip_p
+        used = torch.where(flip, 1 - bits, bits)
+        if flip_p == 1.0:
+            assert torch.equal(used, 1 - bits)
+        codes = tF.normalize(used.view(2, h, w, d).float() * (2 / d ** 0.5) - 1 / d ** 0.5, dim=-1)
+        total = total + tF.interpolate(codes.permute(0, 3, 1, 2).unsqueeze(2), size=(1, 4, 4), mode="trilinear")
+        if si < 2:
+            xs.append(tF.interpolate(total, size=(1, *sched[si + 1]), mode="trilinear").squeeze(2).flatten(2).transpose(1, 2))
+    torch.testing.assert_close(x, torch.cat(xs, 1))
+
+
+def test_a_block_routes_its_three_sub_layers_by_name_in_order():
+    block = Infinity(SMALL).block_list[0]
+    seen = []
+
+    def route(kind, idx, h, fn, x):
+        seen.append((kind, idx))
+        return fn(h)
+
+    C = SMALL.width
+    x = torch.randn(2, 5, C)
+    text = (torch.randn(2, 3, C), torch.ones(2, 3, dtype=torch.bool))
+    gss = torch.randn(2, 1, 6, C) * 0.1
+    with torch.no_grad():
+        assert torch.equal(block(x, gss, text, route=route), block(x, gss, text))
+    assert seen == [("attn", 0), ("ca", 0), ("ffn", 0)]
