@@ -462,3 +462,34 @@ def test_fresh_attention_and_shared_modulation_initialised_as_official():
     torch.manual_seed(0)
     table = torch.cat([AdaLNSelfAttn(cfg).scale_shift_table.flatten() for _ in range(4)])   # randn / √C
     assert 0.95 < table.std().item() * 16 < 1.05
+
+
+def test_fresh_buffers_equal_the_official_files(golden):
+    """Loading overwrites the level and mask buffers with the file's, so the golden tests never see the
+    ones a fresh model computes (a model trained from scratch, or built for accounting, uses those)."""
+    tensors, meta = golden
+    for name, d in meta["varbench_config"].items():
+        fresh, official = HART(HARTConfig.from_dict(d)), _part(tensors, name + ".")
+        for key in ("lvl_1L", "attn_bias_for_masking"):
+            assert torch.equal(getattr(fresh, key), official[key]), (name, key)
+
+
+def test_fresh_embeddings_initialised_as_official_and_tokenizer_pairing():
+    torch.manual_seed(0)
+    cfg = HARTConfig.small_for_tests(embed_dim=256, context_dim=128)
+    m = HART(cfg)
+    std = math.sqrt(1 / 256 / 3)
+    for t in (m.context_embed.weight, m.lvl_embed.weight):   # trunc-normal, mean 0
+        assert abs(t.std().item() / std - 1) < 0.08 and abs(t.mean().item()) < 3 * std / t.numel() ** 0.5
+    with pytest.raises(RuntimeError) as e:
+        _ = m.tokenizer
+    assert str(e.value) == "no tokenizer attached: HART(cfg, tokenizer) or .attach(tokenizer)"
+    other = HARTTokenizer(cfg.tokenizer.replace(vocab_size=512))
+    with pytest.raises(ValueError) as e:
+        m.attach(other)
+    assert str(e.value) == "tokenizer (vocab 512, Cvae 8) does not match the transformer (vocab 600, Cvae 8)"
+    other = HARTTokenizer(cfg.tokenizer.replace(z_channels=16))
+    with pytest.raises(ValueError, match=r"Cvae 16\) does not match the transformer \(vocab 600, Cvae 8\)$"):
+        m.attach(other)
+    tok = HARTTokenizer(cfg.tokenizer)
+    assert m.attach(tok) is m and m.tokenizer is tok and "tokenizer" not in "".join(m.state_dict())

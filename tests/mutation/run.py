@@ -198,8 +198,9 @@ MODEL_TARGETS = [(m, fn, tests) for m, fns, tests in [
                           "BSQVAE.bits_to_latent", "BSQVAE.bits_to_var_input", "BSQVAE.requantize", "BSQVAE.decode",
                           "BSQVAE.adapt_state_dict"], _INF),
     ("bench.models.t2i", ["PromptGenerator.encode_prompts", "PromptGenerator.generate", "T2IGenerator.__init__",
-                          "T2IGenerator.sample_bits", "T2IGenerator.forward_teacher", "T2IGenerator.token_ce",
-                          "T2IGenerator.loss", "_check_leak", "to_uint8_trunc"], _INF),
+                          "T2IGenerator.forward_teacher", "T2IGenerator.token_ce", "T2IGenerator.loss", "_check_leak",
+                          "to_uint8_trunc"], _INF),
+    ("bench.models.t2i", ["T2IGenerator.sample_bits"], _INF + ["tests/test_token_methods_t2i.py"]),
     ("bench.models.text", ["WordTokenizer.__call__", "TinyTextEncoder.__init__", "TinyTextEncoder.forward",
                            "TinyTextEncoder.encode"], ["tests/test_t2i.py"]),
     ("bench.models.hart_diffusion", ["space_timesteps", "cosine_betas", "RespacedSchedule.__init__", "modulate",
@@ -216,9 +217,9 @@ MODEL_TARGETS = [(m, fn, tests) for m, fns, tests in [
                            "LlamaAttention.__init__", "LlamaAttention.forward", "LlamaMLP.__init__", "LlamaMLP.forward",
                            "AdaLNSelfAttn.__init__", "AdaLNSelfAttn.ada",
                            "AdaLNBeforeHead.__init__", "AdaLNBeforeHead.ada", "AdaLNBeforeHead.forward", "HART.__init__",
-                           "HART.attach", "HART.tokenizer", "HART.kv_caching", "HART.forward", "HART.sample_tokens",
-                           "HART.decode_uint8"], _HART),
-    ("bench.models.hart", ["AdaLNSelfAttn.forward"], _HART + ["tests/test_token_methods_hart.py"]),
+                           "HART.attach", "HART.tokenizer", "HART.kv_caching", "HART.forward", "HART.decode_uint8"],
+     _HART),
+    ("bench.models.hart", ["AdaLNSelfAttn.forward", "HART.sample_tokens"], _HART + ["tests/test_token_methods_hart.py"]),
 ] for fn in fns]
 DESELECT = ["tests/test_methods.py::test_ft_lowers_the_training_loss"]
 
