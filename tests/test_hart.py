@@ -493,3 +493,31 @@ def test_fresh_embeddings_initialised_as_official_and_tokenizer_pairing():
         m.attach(other)
     tok = HARTTokenizer(cfg.tokenizer)
     assert m.attach(tok) is m and m.tokenizer is tok and "tokenizer" not in "".join(m.state_dict())
+
+
+@pytest.mark.parametrize("aln", ["table", "none"])
+def test_a_block_routes_attn_then_ffn_and_without_modulation_is_plain_pre_norm(aln):
+    """Official configs: disable_aln + shared_aln gives a per-block [6, C] table; disable_aln without
+    shared_aln gives no modulation at all: x + attn(norm(x)), then + ffn(norm(x))."""
+    from bench.models.hart import AdaLNSelfAttn, rope_1d
+    torch.manual_seed(0)
+    cfg = HARTConfig.small_for_tests(disable_aln=True, shared_aln=aln == "table")
+    block = AdaLNSelfAttn(cfg)
+    x = torch.randn(2, 5, cfg.embed_dim)
+    cond, mask = torch.randn(2, 3, cfg.embed_dim), torch.ones(2, 3, dtype=torch.bool)
+    ada = block.ada(cond, mask)
+    assert (ada is None) == (aln == "none")
+    cos, sin = rope_1d(torch.arange(5).expand(2, 5), cfg.hd, x.dtype)
+    seen = []
+
+    def route(kind, idx, h, fn, x_BLC):
+        seen.append((kind, idx))
+        return fn(h)
+
+    with torch.no_grad():
+        plain = block(x, ada, cos, sin)
+        assert torch.equal(block(x, ada, cos, sin, route=route, block_idx=3), plain)
+        if aln == "none":
+            y = x + block.attn(block.ln_wo_grad(x), cos, sin)
+            torch.testing.assert_close(plain, y + block.ffn(block.ln_wo_grad(y)))
+    assert seen == [("attn", 3), ("ffn", 3)]
