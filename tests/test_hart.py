@@ -521,3 +521,36 @@ def test_a_block_routes_attn_then_ffn_and_without_modulation_is_plain_pre_norm(a
             y = x + block.attn(block.ln_wo_grad(x), cos, sin)
             torch.testing.assert_close(plain, y + block.ffn(block.ln_wo_grad(y)))
     assert seen == [("attn", 3), ("ffn", 3)]
+
+
+# ---------------------------------------------------------------- the tokenizer's construction and files
+def test_tokenizer_refuses_flags_it_cannot_honour_and_builds_the_second_decoder():
+    from bench.models.hart_vae import HARTTokenizer
+    cfg = HARTConfig.small_for_tests().tokenizer
+    with pytest.raises(ValueError) as e:
+        HARTTokenizer(cfg.replace(using_znorm=True, quantizer_type="var"))
+    assert str(e.value) == ("unsupported HART tokenizer config: quantizer_type='var' (only the hybrid 'var_hybrid' "
+                            "tokenizer); using_znorm=True (cosine codebook lookup)")
+    tok = HARTTokenizer(cfg.replace(double_decoder=True, quant_conv_ks=3))
+    conv = tok.post_quant_conv2
+    assert (conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding) == \
+        (8, 8, (3, 3), (1, 1), (1, 1))
+    keys = tok.state_dict().keys()
+    assert {k.split(".")[0] for k in keys} >= {"decoder2", "post_quant_conv2"}
+    assert [k[len("decoder2."):] for k in keys if k.startswith("decoder2.")] == \
+        [k[len("decoder."):] for k in keys if k.startswith("decoder.")]
+    assert not any(k.startswith(("decoder2", "post_quant_conv2")) for k in HARTTokenizer(cfg).state_dict())
+
+
+def test_tokenizer_loads_a_file_saved_with_its_discriminator(golden, models):
+    """Official ``HARTAutoEncoderWithDisc`` checkpoints nest the tokenizer under ``vae.`` beside ``disc.*``."""
+    from bench.models.hart_vae import HARTTokenizer
+    tensors, meta = golden
+    sd = _part(tensors, "tok.")
+    wrapped = {**{"vae." + k: v for k, v in sd.items()}, "disc.layer.weight": torch.zeros(2), "disc.bias": torch.zeros(1)}
+    from bench.checkpoint import load_built
+    tok = load_built(lambda: HARTTokenizer(models["tok"].hart_cfg), wrapped, "a tokenizer-with-discriminator file")
+    assert all(torch.equal(v, sd[k]) for k, v in tok.state_dict().items())
+    f = _latent(tok)
+    with pytest.raises(AssertionError, match=r"^latent 8x8 does not match the last scale 4$"):
+        tok.quantize.f_to_idx_and_residual(f, (1, 2, 4))
