@@ -278,3 +278,49 @@ def test_a_block_routes_its_three_sub_layers_by_name_in_order():
     with torch.no_grad():
         assert torch.equal(block(x, gss, text, route=route), block(x, gss, text))
     assert seen == [("attn", 0), ("ca", 0), ("ffn", 0)]
+
+
+# ---------------------------------------------------------------- the tiny text encoder
+def test_word_tokenizer_messages_in_full():
+    from bench.models.text import WordTokenizer
+    tok = WordTokenizer(TEXT.vocab, 4)
+    ids, mask = tok(["A Red  circle", "square a red blue"])   # case and spacing are ignored; max_len fits
+    assert ids.tolist() == [[1, 2, 4, 0], [5, 1, 2, 3]] and mask.tolist() == [[True, True, True, False], [True] * 4]
+    cases = [
+        (["a red", "  "], "prompt 1 is empty: give at least one word (the unconditional branch of guidance is "
+                          "the model's learned null prompt, not an empty prompt)"),
+        (["a red circle a blue"], "prompt 'a red circle a blue' has 5 words, more than max_len=4"),
+        (["a red circel"], "unknown word 'circel' in prompt 'a red circel'; did you mean 'circle'? "
+                           "(vocabulary: a red blue circle square)"),
+        (["a <pad>"], "unknown word '<pad>' in prompt 'a <pad>' (vocabulary: a red blue circle square)"),
+    ]
+    for prompts, message in cases:
+        with pytest.raises(ValueError) as e:
+            tok(prompts)
+        assert str(e.value) == message
+
+
+def test_tiny_text_encoder_by_hand_and_its_layout():
+    """features = proj(norm(encoder(embed + pos, padding masked))); with a word convolution the padded
+    positions are zeroed first and the convolution is added; a pre-norm GELU encoder, FFN 4× wide."""
+    from bench.models.configs import TextConfig
+    from bench.models.text import TinyTextEncoder
+    torch.manual_seed(0)
+    for k in (0, 3):
+        enc = TinyTextEncoder(TextConfig(**{**TEXT.to_dict(), "conv_kernel": k})).eval()
+        layer = enc.encoder.layers[0]
+        assert enc.embed.padding_idx == 0 and layer.norm_first and layer.linear1.out_features == 4 * TEXT.width
+        assert 0.8 < enc.pos.std().item() / 0.02 < 1.2
+        ids, mask = enc.tokenize(["a red circle", "blue square"])
+        with torch.no_grad():
+            h = enc.embed(ids) + enc.pos
+            if k:
+                h = h * mask.unsqueeze(-1)
+                h = h + enc.conv(h.transpose(1, 2)).transpose(1, 2)
+            want = enc.proj(enc.norm(enc.encoder(h, src_key_padding_mask=~mask)))
+            got, got_mask = enc.encode(["a red circle", "blue square"])
+            torch.testing.assert_close(got, want)
+            assert torch.equal(got_mask, mask)
+            # the padding mask matters: without it the valid tokens would read the pads
+            unmasked = enc.proj(enc.norm(enc.encoder(h)))
+            assert not torch.allclose(got[1, :2], unmasked[1, :2])

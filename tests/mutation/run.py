@@ -200,7 +200,9 @@ MODEL_TARGETS = [(m, fn, tests) for m, fns, tests in [
     ("bench.models.t2i", ["PromptGenerator.encode_prompts", "PromptGenerator.generate", "T2IGenerator.__init__",
                           "T2IGenerator.forward_teacher", "T2IGenerator.token_ce", "T2IGenerator.loss", "_check_leak",
                           "to_uint8_trunc"], _INF),
-    ("bench.models.t2i", ["T2IGenerator.sample_bits"], _INF + ["tests/test_token_methods_t2i.py"]),
+    # the samplers' policy and prefix paths are reached by the token-method, LazyVAR and probe tests
+    ("bench.models.t2i", ["T2IGenerator.sample_bits"], _INF + ["tests/test_token_methods_t2i.py", "tests/test_lazyvar.py",
+                                                              "tests/test_t2i_probe.py"]),
     ("bench.models.text", ["WordTokenizer.__call__", "TinyTextEncoder.__init__", "TinyTextEncoder.forward",
                            "TinyTextEncoder.encode"], ["tests/test_t2i.py"]),
     ("bench.models.hart_diffusion", ["space_timesteps", "cosine_betas", "RespacedSchedule.__init__", "modulate",
@@ -219,7 +221,8 @@ MODEL_TARGETS = [(m, fn, tests) for m, fns, tests in [
                            "AdaLNBeforeHead.__init__", "AdaLNBeforeHead.ada", "AdaLNBeforeHead.forward", "HART.__init__",
                            "HART.attach", "HART.tokenizer", "HART.kv_caching", "HART.forward", "HART.decode_uint8"],
      _HART),
-    ("bench.models.hart", ["AdaLNSelfAttn.forward", "HART.sample_tokens"], _HART + ["tests/test_token_methods_hart.py"]),
+    ("bench.models.hart", ["AdaLNSelfAttn.forward"], _HART + ["tests/test_token_methods_hart.py"]),
+    ("bench.models.hart", ["HART.sample_tokens"], _HART + ["tests/test_token_methods_hart.py", "tests/test_lazyvar.py"]),
 ] for fn in fns]
 DESELECT = ["tests/test_methods.py::test_ft_lowers_the_training_loss"]
 
