@@ -439,6 +439,8 @@ def test_context_pool_max_over_every_token_mean_over_the_valid_ones():
     torch.testing.assert_close(context_pool(cond, mask, "max"), cond.max(1).values)   # padding included
     want = torch.stack([cond[b, :int(mask[b].sum())].mean(0) for b in range(3)])
     torch.testing.assert_close(context_pool(cond, mask, "avg"), want)
+    empty = context_pool(cond, torch.zeros_like(mask), "avg")   # no valid token: zeros, not 0/0
+    assert torch.equal(empty, torch.zeros_like(empty))
 
 
 def test_head_modulation_max_pools_a_context_of_any_length():
