@@ -324,3 +324,16 @@ def test_tiny_text_encoder_by_hand_and_its_layout():
             # the padding mask matters: without it the valid tokens would read the pads
             unmasked = enc.proj(enc.norm(enc.encoder(h)))
             assert not torch.allclose(got[1, :2], unmasked[1, :2])
+
+
+def test_generator_pairing_and_prompts_without_a_text_encoder():
+    inf = Infinity(SMALL)
+    with pytest.raises(ValueError) as e:
+        T2IGenerator(inf, BSQVAE(dataclasses.replace(SMALL_VAE, codebook_dim=16)))
+    assert str(e.value) == "transformer and VAE disagree: 8 vs 16 bits per token"
+    gen = T2IGenerator(inf, BSQVAE(SMALL_VAE), name="tiny-x")
+    for g, who in ((gen, "tiny-x"), (T2IGenerator(inf, BSQVAE(SMALL_VAE)), "this generator")):
+        with pytest.raises(RuntimeError) as e:
+            g.encode_prompts(["a red circle"])
+        assert str(e.value) == (f"{who} has no text encoder: pass text features (feats, mask) instead of prompts, "
+                                f"or load the model with its text encoder")
