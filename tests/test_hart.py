@@ -449,11 +449,12 @@ def test_head_modulation_max_pools_a_context_of_any_length():
     head = AdaLNBeforeHead(8, 1e-6)
     for T in (1, 2, 5):
         cond = torch.randn(3, T, 8)
+        before = cond.clone()
         want = head.ada_lin(cond.max(1).values).view(3, 1, 2, 8)
         got = head.ada(cond)
         assert got.shape == (3, 1, 2, 8)
         torch.testing.assert_close(got, want)
-        assert torch.equal(cond, cond.clone())
+        assert torch.equal(cond, before)   # the context is left as it was (no in-place activation)
 
 
 def test_fresh_attention_and_shared_modulation_initialised_as_official():
@@ -463,7 +464,7 @@ def test_fresh_attention_and_shared_modulation_initialised_as_official():
     cfg = HARTConfig.small_for_tests(embed_dim=256, disable_aln=True, shared_aln=True)
     torch.manual_seed(0)
     table = torch.cat([AdaLNSelfAttn(cfg).scale_shift_table.flatten() for _ in range(4)])   # randn / √C
-    assert 0.95 < table.std().item() * 16 < 1.05
+    assert 0.95 < table.std().item() * math.sqrt(256) < 1.05
 
 
 def test_fresh_buffers_equal_the_official_files(golden):

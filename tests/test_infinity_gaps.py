@@ -13,17 +13,12 @@ import torch
 from bench.models.bsq import BSQVAE
 from bench.models.infinity import CrossAttention, Infinity, TextAttentivePool
 from bench.models.t2i import T2IGenerator
-from bench.models.text import TinyTextEncoder
-from tests.test_t2i import SMALL, SMALL_VAE, TEXT, _perturbed, _text
+from tests.test_t2i import SMALL, SMALL_VAE, TEXT, _text, build_small_gen
 
 
 @pytest.fixture(scope="module")
 def small_gen():
-    """The small text-to-image generator of tests/test_t2i.py, built here (module-scoped: this file may
-    change its state)."""
-    torch.manual_seed(0)
-    gen = T2IGenerator(_perturbed(Infinity(SMALL)), _perturbed(BSQVAE(SMALL_VAE), 1), TinyTextEncoder(TEXT))
-    return gen.eval().requires_grad_(False)
+    return build_small_gen()   # this module's own copy: its tests change the model's mode and config
 
 
 def _std_ratio(t: torch.Tensor, want: float) -> float:
@@ -90,31 +85,29 @@ def _teacher_inputs(gen, B=2):
     return feats, mask, x
 
 
-def test_training_drops_prompts_to_the_null_prompt_at_the_configured_rate(small_gen):
+def test_training_drops_prompts_to_the_null_prompt_at_the_configured_rate(small_gen, monkeypatch):
     inf = small_gen.infinity
     feats, mask, x = _teacher_inputs(small_gen)
     with torch.no_grad():
         cond = inf(feats, mask, x)
         null = inf(inf.null_text(mask), mask, x)
         try:
-            inf.cfg = inf.cfg.replace(cond_drop_rate=1.0)
             inf.train()
+            monkeypatch.setattr(inf, "cfg", inf.cfg.replace(cond_drop_rate=1.0))
             assert torch.equal(inf(feats, mask, x), null)   # every prompt dropped
-            inf.cfg = inf.cfg.replace(cond_drop_rate=0.5)
+            monkeypatch.setattr(inf, "cfg", inf.cfg.replace(cond_drop_rate=0.5))
             torch.manual_seed(0)
             drop = torch.rand(2) < 0.5
             assert drop.tolist() == [True, False], "pick a seed that drops one row of two"
             torch.manual_seed(0)
             got = inf(feats, mask, x)
             assert torch.equal(got[0], null[0]) and torch.equal(got[1], cond[1])
-            inf.eval()
-            assert torch.equal(inf(feats, mask, x), cond)   # never in eval mode
         finally:
-            inf.cfg = inf.cfg.replace(cond_drop_rate=SMALL.cond_drop_rate)
             inf.eval()
+        assert torch.equal(inf(feats, mask, x), cond)   # never in eval mode
 
 
-def test_text_keys_and_values_are_computed_once_per_generation(small_gen):
+def test_text_keys_and_values_are_computed_once_per_generation(small_gen, monkeypatch):
     inf = small_gen.infinity
     feats, mask = _text(small_gen)
     computed = []
@@ -126,23 +119,20 @@ def test_text_keys_and_values_are_computed_once_per_generation(small_gen):
         computed.append(before is None or out[0] is not before[1][0])
         return out
 
-    CrossAttention.text_kv = counting
-    try:
-        bits1, _ = small_gen.sample_bits(feats, mask, seed=0)
-        n_blocks, n_scales = len(inf.block_list), len(small_gen.schedule)
-        # the text pool (the start token's condition) reads the text once, uncached; each block's
-        # cross-attention reads it at every scale and computes it at the first
-        assert len(computed) == n_blocks * n_scales + 1 and sum(computed) == n_blocks + 1
-        computed.clear()
-        bits2, _ = small_gen.sample_bits(feats, mask, seed=0, cache_text_kv=False)
-        assert sum(computed) == n_blocks * n_scales + 1   # the official loop: every scale
-        assert all(torch.equal(a, b) for a, b in zip(bits1, bits2))
-        computed.clear()
-        other = _text(small_gen, ("a blue square", "a red circle"))
-        bits3, _ = small_gen.sample_bits(*other, seed=0)   # a new generation does not reuse the last text
-        assert sum(computed) == n_blocks + 1 and not all(torch.equal(a, b) for a, b in zip(bits1, bits3))
-    finally:
-        CrossAttention.text_kv = orig
+    monkeypatch.setattr(CrossAttention, "text_kv", counting)
+    bits1, _ = small_gen.sample_bits(feats, mask, seed=0)
+    n_blocks, n_scales = len(inf.block_list), len(small_gen.schedule)
+    # the text pool (the start token's condition) reads the text once, uncached; each block's
+    # cross-attention reads it at every scale and computes it at the first
+    assert len(computed) == n_blocks * n_scales + 1 and sum(computed) == n_blocks + 1
+    computed.clear()
+    bits2, _ = small_gen.sample_bits(feats, mask, seed=0, cache_text_kv=False)
+    assert sum(computed) == n_blocks * n_scales + 1   # the official loop: every scale
+    assert all(torch.equal(a, b) for a, b in zip(bits1, bits2))
+    computed.clear()
+    other = _text(small_gen, ("a blue square", "a red circle"))
+    bits3, _ = small_gen.sample_bits(*other, seed=0)   # a new generation does not reuse the last text
+    assert sum(computed) == n_blocks + 1 and not all(torch.equal(a, b) for a, b in zip(bits1, bits3))
     assert all(not b.ca.cache_text and b.ca._kv is None for b in inf.block_list)   # caching ends with the generation
 
 

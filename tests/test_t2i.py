@@ -32,11 +32,16 @@ def _perturbed(module, seed=0):
     return module
 
 
-@pytest.fixture(scope="module")
-def small_gen():
+def build_small_gen() -> T2IGenerator:
+    """The small seeded text-to-image generator these tests (and tests/test_infinity_gaps.py) sample."""
     torch.manual_seed(0)
     gen = T2IGenerator(_perturbed(Infinity(SMALL)), _perturbed(BSQVAE(SMALL_VAE), 1), TinyTextEncoder(TEXT))
     return gen.eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def small_gen():
+    return build_small_gen()
 
 
 def _text(gen, prompts=("a red circle", "a blue square")):
