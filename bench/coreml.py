@@ -130,9 +130,8 @@ class ScaleStep(_Export):
         if si == 0:
             self.uses = ("k_cache_", "v_cache_")
         pns = gen.patch_nums
-        if si > 0 and si - 1 != self.K - 1:
+        if si > 0:   # constants, not weights (persistent=False): scale si−1 is never the last one (decode adds it)
             self.register_buffer(f"up_{si - 1}", interp_matrix(pns[si - 1], self.P, "bicubic"), persistent=False)
-        if si > 0:
             self.register_buffer("down", interp_matrix(self.P, pns[si], "area"), persistent=False)
 
     def forward(self, label_B: torch.Tensor, idx_Bl: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -230,21 +230,27 @@ def test_placement_counts_each_non_const_op_on_its_preferred_device(monkeypatch)
     fn = types.SimpleNamespace(block=types.SimpleNamespace(operations=[
         op("ios18.const"), op("ios18.linear"), op("ios18.scaled_dot_product_attention"), op("ios18.gelu"),
         op("ios18.cond", [inner]), op("ios18.read_state")]))
+    # decode: a const without an opset prefix (skipped too), a device the plan names that we do not know
+    fn2 = types.SimpleNamespace(block=types.SimpleNamespace(operations=[op("const"), op("ios18.add"), op("ios18.sub")]))
     where = {"ios18.linear": "MLNeuralEngineComputeDevice", "ios18.scaled_dot_product_attention": "MLGPUComputeDevice",
-             "ios18.gelu": "MLCPUComputeDevice", "ios18.mul": "MLNeuralEngineComputeDevice", "ios18.cond": "MLCPUComputeDevice"}
+             "ios18.gelu": "MLCPUComputeDevice", "ios18.mul": "MLNeuralEngineComputeDevice", "ios18.cond": "MLCPUComputeDevice",
+             "ios18.add": "MLFutureComputeDevice", "ios18.sub": "MLCPUComputeDevice"}
 
     class Plan:
-        model_structure = types.SimpleNamespace(program=types.SimpleNamespace(functions={"scale_0": fn}))
+        model_structure = types.SimpleNamespace(program=types.SimpleNamespace(functions={"scale_0": fn, "decode": fn2}))
 
         def get_compute_device_usage_for_mlprogram_operation(self, o):
-            assert o.operator_name != "ios18.const"
+            assert o.operator_name not in ("ios18.const", "const")
             d = where.get(o.operator_name)
             return None if d is None else types.SimpleNamespace(preferred_compute_device=_device(d))
 
     asked = []
     monkeypatch.setattr(cm.platform, "system", lambda: "Darwin")
     monkeypatch.setattr(cm, "_compute_plan", lambda pkg, cu: asked.append(cu) or Plan())
-    assert cm.placement("p.mlpackage", "ALL") == {"scale_0": {"cpu": 2, "gpu": 1, "npu": 2, "none": 1}}
+    got = cm.placement("p.mlpackage", "ALL")
+    assert got == {"scale_0": {"cpu": 2, "gpu": 1, "npu": 2, "none": 1},
+                   "decode": {"cpu": 1, "gpu": 0, "npu": 0, "none": 0, "other": 1}}
+    assert list(got) == ["decode", "scale_0"]
     assert asked == ["ALL"]
 
 
@@ -324,3 +330,109 @@ def test_a_fresh_process_prints_only_the_error_off_macos(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         f"varbench: error: {tmp_path / 'nope.mlpackage'}: no such Core ML package"], out.stderr
+
+
+@pytest.mark.parametrize("L, padded", [(1, 32), (31, 32), (32, 32), (33, 64), (680, 704), (2240, 2240)])
+def test_state_caches_are_padded_to_the_next_multiple_of_32(L, padded):
+    from types import SimpleNamespace as NS
+
+    from bench.coreml import init_states
+    blocks = [NS(attn=NS(H=2, c=4)), NS(attn=NS(H=1, c=8))]
+    gen = NS(var=NS(L=L, blocks=blocks, Cvae=3), patch_nums=(1, 5))
+    states = init_states(gen, batch=2)
+    assert {k: tuple(v.shape) for k, v in states.items()} == {
+        "k_cache_0": (4, 2, padded, 4), "v_cache_0": (4, 2, padded, 4),
+        "k_cache_1": (4, 1, padded, 8), "v_cache_1": (4, 1, padded, 8), "f_hat": (2, 3, 5, 5)}
+    assert all(not v.any() for v in states.values())
+
+
+def test_each_function_declares_the_states_it_uses_and_keeps_its_constants_out_of_the_weights(small_gen):
+    mods = steps(small_gen, batch=1)
+    caches = {f"{kv}_cache_{i}" for kv in "kv" for i in range(len(small_gen.var.blocks))}
+    assert set(mods["scale_0"].state_shapes()) == caches   # scale 0 reads no f_hat
+    assert not any(n.startswith(("up_", "down")) for n, _ in mods["scale_0"].named_buffers())   # nor resizes
+    for si in range(1, len(small_gen.patch_nums)):
+        m = mods[f"scale_{si}"]
+        assert set(m.state_shapes()) == caches | {"f_hat"}
+        assert {n for n, _ in m.named_buffers() if n.startswith(("up_", "down"))} == {f"up_{si - 1}", "down"}
+        assert not any(k.startswith(("up_", "down")) for k in m.state_dict())
+    assert set(mods["decode"].state_shapes()) == {"f_hat"}
+    assert mods["decode"].state_shapes()["f_hat"] == (1, small_gen.var.Cvae, 8, 8)
+
+
+def test_the_macos_and_compute_unit_messages_in_full(monkeypatch):
+    import bench.coreml as cm
+    monkeypatch.setattr(cm.platform, "system", lambda: "Linux")
+    with pytest.raises(ValueError) as e:
+        cm.placement("p.mlpackage", "ALL")
+    assert str(e.value) == ("op placement (MLComputePlan) runs on macOS only (the Core ML runtime is not on Linux); "
+                            "here `varbench coreml export` and `varbench coreml ops` work")
+    monkeypatch.setattr(cm.platform, "system", lambda: "Darwin")
+    cm.require_macos("anything")   # on a Mac: nothing to say
+    assert set(cm.COMPUTE_UNITS) == {"CPU_AND_NE", "ALL", "CPU_AND_GPU", "CPU_ONLY"}
+    with pytest.raises(ValueError) as e:
+        cm.check_compute_units("GPU")
+    assert str(e.value) == f"compute units 'GPU': expected one of {', '.join(cm.COMPUTE_UNITS)}"
+    assert all(cm.check_compute_units(cu) == cu for cu in cm.COMPUTE_UNITS)
+    with pytest.raises(ValueError, match="compute units 'GPU'"):   # checked before the runtime is asked
+        cm.placement("p.mlpackage", "GPU")
+
+
+def test_example_inputs_are_the_tokens_each_function_takes(small_gen):
+    pns = small_gen.patch_nums
+    shapes = {n: [(tuple(t.shape), t.dtype) for t in example_inputs(small_gen, n, batch=3)]
+              for n in [f"scale_{si}" for si in range(len(pns))] + ["decode"]}
+    i32 = torch.int32
+    assert shapes["scale_0"] == [((3,), i32)]
+    for si in range(1, len(pns)):
+        assert shapes[f"scale_{si}"] == [((3,), i32), ((3, pns[si - 1] ** 2), i32)]
+    assert shapes["decode"] == [((3, pns[-1] ** 2), i32)]
+    assert all(not t.any() for t in example_inputs(small_gen, "scale_2", 2))
+
+
+@torch.no_grad()
+def test_a_second_generation_on_the_same_states_needs_no_reset(small_gen):
+    """scale_1 overwrites f_hat instead of adding to it: the package's states are not zeroed between
+    generations, and a second run must not add to the first one's latent."""
+    labels = torch.tensor([1])
+    toks, _ = small_gen.sample_tokens(labels, seed=2, cfg=1.5, top_k=20, top_p=0.9)
+    mods = steps(small_gen, batch=1)
+    first, img1 = _run_chain(mods, labels, toks)
+    second, img2 = _run_chain(mods, labels, toks)
+    assert all(torch.equal(a, b) for a, b in zip(first, second)) and torch.equal(img1, img2)
+
+
+def test_coreml_generator_refusals_load_time_and_hook(small_gen, monkeypatch):
+    import time as _time
+
+    import bench.coreml as cm
+    monkeypatch.setattr(cm.platform, "system", lambda: "Linux")
+    with pytest.raises(ValueError) as e:
+        cm.CoreMLGenerator("p.mlpackage", "ALL", small_gen.patch_nums, 5)
+    assert str(e.value).startswith("Core ML inference runs on macOS only (the Core ML runtime is not on Linux)")
+    monkeypatch.setattr(cm.platform, "system", lambda: "Darwin")
+    mods, calls = steps(small_gen, batch=1), []
+
+    def slow_load(pkg, cu, fn):
+        _time.sleep(0.01)
+        return _FakeFunction(mods, fn, calls)
+
+    monkeypatch.setattr(cm, "_mlmodel", slow_load)
+    g = cm.CoreMLGenerator("p.mlpackage", "ALL", small_gen.patch_nums, 5)
+    K = len(small_gen.patch_nums)
+    assert sorted(g.models) == sorted([f"scale_{i}" for i in range(K)] + ["decode"])
+    assert 0.01 * (K + 1) <= g.load_s < 5 and g.compute_units == "ALL" and g.num_classes == 5
+    labels = torch.tensor([4])
+    with pytest.raises(ValueError) as e:
+        g.sample_tokens(labels, more_smooth=True)
+    assert str(e.value) == "more_smooth is not exported to Core ML"
+    with pytest.raises(ValueError) as e:
+        g.sample_tokens(labels, cfg=None)
+    assert str(e.value) == "the Core ML package is built for CFG (cfg=None is not exported)"
+    seen, ref = [], []
+    toks, _ = g.sample_tokens(labels, seed=3, cfg=2.0, top_k=10, logits_hook=lambda si, lg: seen.append((si, lg)))
+    want, _ = small_gen.sample_tokens(labels, seed=3, cfg=2.0, top_k=10, logits_hook=lambda si, lg: ref.append(lg.clone()))
+    assert len(toks) == K and all(torch.equal(a, b) for a, b in zip(toks, want))
+    assert [si for si, _ in seen] == list(range(K))
+    for (_, a), b in zip(seen, ref):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

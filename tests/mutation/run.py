@@ -224,6 +224,43 @@ MODEL_TARGETS = [(m, fn, tests) for m, fns, tests in [
     ("bench.models.hart", ["AdaLNSelfAttn.forward"], _HART + ["tests/test_token_methods_hart.py"]),
     ("bench.models.hart", ["HART.sample_tokens"], _HART + ["tests/test_token_methods_hart.py", "tests/test_lazyvar.py"]),
 ] for fn in fns]
+# What stands between a user's files and a result: checkpoint reading, strict loading and its messages,
+# manifests, atomic writes and build info, HART's config read from its checkpoint folder, the paper-world
+# metric assets, and the Core ML export and op counts. A survivor here is a bad input that passes
+# silently, a partial file, or a package whose ops are counted wrong.
+_CKPT = ["tests/test_checkpoint.py", "tests/test_checkpoint_errors.py", "tests/test_assets.py", "tests/test_hart_runner.py"]
+_IO = ["tests/test_io.py", "tests/test_records.py", "-k", "test_io or umask or installed_copy or roundtrip"]
+_COREML = ["tests/test_coreml.py", "tests/test_table5.py"]
+# without the tests that export a package first (12 s each): what runs on the traced modules and fakes
+_COREML_FAST = _COREML + ["-k", "not export_and_op_counts and not cli_exports and not fresh_process and not cli_ops"]
+_COREML_OPS = _COREML + ["-k", "export_and_op_counts or cli_ops or table5"]
+PLUMBING_TARGETS = [(m, fn, tests) for m, fns, tests in [
+    ("bench.checkpoint", ["CheckpointMismatch.__init__", "ckpt_dir", "locate", "locate_all", "not_found",
+                          "read_state_dict", "check_state_dict", "load_strict", "load_built", "sha256",
+                          "check_manifest"], _CKPT),
+    ("bench.io", ["_umask", "atomic_write_bytes", "atomic_write", "canonical_safetensors", "save_png", "read_image",
+                  "atomic_write_text", "check_writable_dir", "_git", "build_info", "git_commit", "git_dirty"], _IO),
+    ("bench.models.hart_config", ["HARTTokenizerConfig.downsample", "HARTConfig.hart_0_7b", "HARTConfig.hd",
+                                  "HARTConfig.vocab_size", "HARTConfig.Cvae", "HARTConfig.L", "HARTConfig.seq_len",
+                                  "HARTConfig.ffn_hidden", "HARTConfig.image_size", "HARTConfig.from_dict"],
+     ["tests/test_hart_config.py", "tests/test_hart.py", "tests/test_hart_runner.py", "tests/test_accounting_exact.py",
+      "-k", "hart or config"]),
+    # what reads and judges a checkpoint folder's config files
+    ("bench.models.hart_config", ["HARTTokenizerConfig.problems", "HARTConfig.problems", "HARTConfig.check",
+                                  "HARTConfig.from_pretrained_dir", "_read_json", "_pick", "checkpoint_files"],
+     ["tests/test_hart_config.py", "tests/test_hart.py", "tests/test_hart_runner.py",
+      "-k", "test_hart_config or pretrained or unsupported or default_guess or checkpoint_files or tokenizer_refuses"]),
+    ("bench.metrics.paper", ["_torch_hub_checkpoints", "resolve_inception_weights", "extract_inception_features",
+                             "resolve_adm_reference", "read_adm_reference", "adm_reference_features", "evaluate_adm"],
+     ["tests/test_paper_assets.py", "tests/test_metrics.py"]),
+    ("bench.coreml", ["interp_matrix", "init_states", "_Export.__init__", "_Export.add_scale", "_attention",
+                      "ScaleStep.__init__", "ScaleStep.forward", "Decode.forward", "steps", "example_inputs",
+                      "require_macos", "check_compute_units", "placement", "CoreMLGenerator.__init__",
+                      "CoreMLGenerator.sample_tokens", "CoreMLGenerator.fhat_to_img", "CoreMLGenerator.generate"],
+     _COREML_FAST),
+    ("bench.coreml", ["_ops", "op_counts", "total_ops", "weights_bytes"], _COREML_OPS),
+    ("bench.coreml", ["_ct", "export"], _COREML),
+] for fn in fns]
 DESELECT = ["tests/test_methods.py::test_ft_lowers_the_training_loss"]
 
 SWAP_BIN = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
@@ -397,6 +434,9 @@ GROUPS = {
     "models": (MODEL_TARGETS, "models-results.json", "text-to-image models",
                "the text-to-image models against their golden outputs: Infinity, its BSQ VAE, the tiny text encoder "
                "and sampler, HART, its tokenizer and diffusion head"),
+    "plumbing": (PLUMBING_TARGETS, "plumbing-results.json", "checkpoints, files and Core ML",
+                 "checkpoint reading and strict loading, manifests, atomic writes and build info, HART's config "
+                 "from its folder, the paper-world metric assets, the Core ML export and op counts"),
     "scoring": (SCORING_TARGETS, "scoring-results.json", "datasets and scoring",
                 "the procedural datasets, the scene detector, GenEval's scoring rules and colour classifier, the "
                 "tiny feature network"),
