@@ -436,3 +436,27 @@ def test_coreml_generator_refusals_load_time_and_hook(small_gen, monkeypatch):
     assert [si for si, _ in seen] == list(range(K))
     for (_, a), b in zip(seen, ref):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_op_lists_descend_into_nested_blocks_and_totals_skip_consts():
+    from types import SimpleNamespace as NS
+
+    import bench.coreml as cm
+    inner = NS(operations=[NS(type="mul", blocks=[]), NS(type="const", blocks=[])])
+    block = NS(operations=[NS(type="const", blocks=[]), NS(type="cond", blocks=[inner, inner]),
+                           NS(type="linear", blocks=[])])
+    assert cm._ops(block) == ["const", "cond", "mul", "const", "mul", "const", "linear"]
+    assert cm.total_ops({"a": {"const": 5, "mul": 2}, "b": {"linear": 3, "const": 1}}) == 5
+
+
+def test_op_counts_refuses_what_is_not_an_ml_program_package(tmp_path):
+    import bench.coreml as cm
+    with pytest.raises(FileNotFoundError) as e:
+        cm.op_counts(tmp_path / "none.mlpackage")
+    assert str(e.value) == f"{tmp_path / 'none.mlpackage'}: no such Core ML package"
+    (tmp_path / "bad.mlpackage").mkdir()
+    with pytest.raises(ValueError) as e:
+        cm.op_counts(tmp_path / "bad.mlpackage")
+    msg = str(e.value)
+    assert msg.startswith(f"{tmp_path / 'bad.mlpackage'}: not a readable Core ML package (") and msg.endswith(
+        "); write one with `varbench coreml export MODEL --out X.mlpackage`")
