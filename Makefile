@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 WORLD   ?= tiny
 
-.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard setup-browser figures tiny-models tiny-t2i tiny-t2i-gpu mutation mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring mutation-models mutation-plumbing clean
+.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard setup-browser figures tiny-models tiny-t2i tiny-t2i-gpu mutation mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring mutation-models mutation-plumbing mutation-runs clean
 
 setup: $(STAMP)
 
@@ -82,7 +82,12 @@ mutation: setup
 #   mutation-plumbing checkpoint reading and strict loading, manifests, atomic writes and git provenance, HART's
 #                     config read from its folder, the paper-world metric files, the Core ML export and op counts:
 #                     ~1230; about an hour and a half without `export` (114 mutants, ~40 s each against the export tests)
-MUTATION_GROUPS = mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring mutation-models mutation-plumbing
+#   mutation-runs     spec to record: the runner (reuse, preflight, sampling by batches and chunks, metric, cost and
+#                     timing fields), the original model's cached outputs for FID*, the benches' labels, seeds, checks
+#                     and folder layouts: ~1400, about two hours (the runner's `run`: ~50 s a mutant)
+# `--survivors` (e.g. `$(BIN)/python tests/mutation/run.py --runs --survivors`) reruns only what a group's last run
+# did not kill, after new tests.
+MUTATION_GROUPS = mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring mutation-models mutation-plumbing mutation-runs
 $(MUTATION_GROUPS): mutation-%: setup
 	$(BIN)/python tests/mutation/run.py --$*
 	$(BIN)/python tests/mutation/run.py --summary

@@ -451,3 +451,186 @@ def test_summary_keeps_the_tasks_in_order_of_appearance_and_refuses_nothing():
                                     "geneval_images", "geneval_prompts"]
     with pytest.raises(ValueError, match="^no GenEval results to summarise$"):
         ge.summary(df.iloc[:0])
+
+
+def test_shapes_rows_are_genevals_clauses_of_each_task():
+    """Every task's row in full: which object each clause names, its count and colour (the scorer on ground-truth
+    scenes cannot see a clause that is missing or names the wrong object of two)."""
+    from bench.data.scenes import SceneObject as O
+    from bench.data.scenes import SceneSpec
+    red_circle, blue_square = O("circle", "red"), O("square", "blue")
+    rows = {task: gb._shapes_row(SceneSpec(task, objs, rel)) for task, objs, rel in [
+        ("single_object", [red_circle], None), ("colors", [blue_square], None),
+        ("counting", [O("cross", "green")] * 3, None), ("two_object", [red_circle, blue_square], None),
+        ("color_attr", [red_circle, blue_square], None), ("position", [red_circle, blue_square], "left of")]}
+    assert rows == {
+        "single_object": {"tag": "single_object", "include": [{"class": "circle", "count": 1}], "prompt": "a red circle"},
+        "colors": {"tag": "colors", "include": [{"class": "square", "count": 1, "color": "blue"}],
+                   "prompt": "a blue square"},
+        "counting": {"tag": "counting", "include": [{"class": "cross", "count": 3}],
+                     "exclude": [{"class": "cross", "count": 4}], "prompt": "three green crosses"},
+        "two_object": {"tag": "two_object", "include": [{"class": "circle", "count": 1}, {"class": "square", "count": 1}],
+                       "prompt": "a red circle and a blue square"},
+        "color_attr": {"tag": "color_attr", "include": [{"class": "circle", "count": 1, "color": "red"},
+                                                        {"class": "square", "count": 1, "color": "blue"}],
+                       "prompt": "a red circle and a blue square"},
+        "position": {"tag": "position", "include": [{"class": "square", "count": 1},
+                                                    {"class": "circle", "count": 1, "position": ["left of", 0]}],
+                     "prompt": "a red circle left of a blue square"},
+    }
+    for row in rows.values():
+        ge.check_metadata(row)
+
+
+def test_scan_folder_reads_the_official_layout_and_names_what_is_missing(tmp_path):
+    rows = gb.shapes_metadata(per_tag=2)[:8]
+    img = torch.full((3, 4, 4), 9, dtype=torch.uint8)
+    folder = tmp_path / "g"
+    for i in (0, 1, 2, 10):
+        gb.write_prompt(folder, i, rows[i % len(rows)], img[None].repeat(3, 1, 1, 1))
+    # what is not a prompt folder or a sample is passed over: other folders, files, other names in samples/
+    (folder / "notes").mkdir()
+    (folder / "00011").write_text("a file, not a prompt folder")
+    (folder / "00001" / "samples" / "0009.txt").write_text("")
+    (folder / "00001" / "samples" / "0007.png").mkdir()
+    (folder / "00002" / "samples" / "0001.png").rename(folder / "00002" / "samples" / "0001.jpg")
+    found = gb.scan_folder(folder)
+    assert [(i, r) for i, r, _ in found] == [(0, rows[0]), (1, rows[1]), (2, rows[2]), (10, rows[2])]
+    assert found[1][2] == [folder / "00001" / "samples" / f"{k:04d}.png" for k in range(3)]
+    assert found[2][2][1] == folder / "00002" / "samples" / "0001.jpg"
+    # against a prompt list: every prompt in order, its first n samples; what is missing is named
+    assert [ps for _, _, ps in gb.scan_folder(folder, rows[:3], n=2)] == [p[:2] for _, _, p in found[:3]]
+    assert [len(ps) for _, _, ps in gb.scan_folder(folder, rows[:3])] == [3, 3, 3]     # n absent: one sample each
+    with pytest.raises(FileNotFoundError) as e:
+        gb.scan_folder(folder, rows[:5], n=4)
+    assert str(e.value) == (f"GenEval folder {folder} is incomplete: missing {folder / '00000' / 'samples' / '0003.png'}, "
+                            f"{folder / '00001' / 'samples' / '0003.png'}, {folder / '00002' / 'samples' / '0003.png'}, "
+                            f"{folder / '00003'}, {folder / '00004'}; generate them again (generation resumes where "
+                            f"it stopped)")
+    with pytest.raises(FileNotFoundError, match=rf"{folder / '00004'} \(and 3 more\); generate"):
+        gb.scan_folder(folder, rows[:8], n=4)
+    with pytest.raises(FileNotFoundError, match=rf"{folder / '00004'} \(and 1 more\); generate"):   # six
+        gb.scan_folder(folder, rows[:6], n=4)
+    with pytest.raises(FileNotFoundError, match=rf"{folder / '00007'}; generate"):    # five: all named
+        gb.scan_folder(folder, rows[:8], n=1)
+    for k in range(3):
+        (folder / "00001" / "samples" / f"{k:04d}.png").unlink()
+    with pytest.raises(FileNotFoundError, match=r"missing [^,]*00001/samples/0000\.png, [^,]*00003; "):
+        gb.scan_folder(folder, rows[:4])
+    # the folder itself, an empty one, a prompt folder without its metadata
+    for bad in (tmp_path / "nowhere", folder / "00000" / "metadata.jsonl"):
+        with pytest.raises(FileNotFoundError) as e:
+            gb.scan_folder(bad)
+        assert str(e.value) == f"GenEval image folder {bad} not found"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError) as e:
+        gb.scan_folder(tmp_path / "empty")
+    assert str(e.value) == (f"GenEval image folder {tmp_path / 'empty'} holds no prompt folder (<index>/metadata.jsonl "
+                            f"and <index>/samples/NNNN.png)")
+    (folder / "00003").mkdir()
+    with pytest.raises(FileNotFoundError) as e:
+        gb.scan_folder(folder)
+    assert str(e.value) == f"{folder / '00003' / 'metadata.jsonl'} is missing (every prompt folder holds its metadata.jsonl)"
+
+
+def test_a_folder_of_another_prompt_set_is_refused_by_name(tmp_path):
+    rows = gb.shapes_metadata(per_tag=1)
+    gb.write_prompt(tmp_path, 0, rows[0], torch.zeros(1, 3, 4, 4, dtype=torch.uint8))
+    assert gb.prompt_complete(tmp_path, 0, rows[0], 1) and not gb.prompt_complete(tmp_path, 0, rows[0], 2)
+    assert not gb.prompt_complete(tmp_path, 1, rows[1], 1)
+    with pytest.raises(ValueError) as e:
+        gb.prompt_complete(tmp_path, 0, rows[1], 1)
+    assert str(e.value) == (f"{tmp_path / '00000' / 'metadata.jsonl'} holds another prompt than prompt 0 of this run "
+                            f"({rows[1]['prompt']!r}); use an empty folder for each prompt set")
+
+
+def test_score_folder_gives_the_official_results_frame_of_the_folders_images(tmp_path):
+    """Every column of the results file (what `geneval score` writes and the official summary reads) from a
+    folder: ground-truth scenes saved as a prompt's samples, one of them under another prompt's row."""
+    from collections import Counter
+
+    from bench.data import scenes
+    from bench.metrics.geneval_detectors import ShapesDetector
+    imgs, _, specs, truths = scenes.generate(12, "eval")
+    rows = [gb._shapes_row(s) for s in specs[:3]]
+    rows[2] = rows[0]                                  # a square asked for, crosses drawn
+    for j in range(3):
+        gb.write_prompt(tmp_path, j, rows[j], imgs[j][None].repeat(2, 1, 1, 1))
+    # an RGBA copy of a sample is read as RGB
+    from PIL import Image
+    p = tmp_path / "00001" / "samples" / "0001.png"
+    Image.open(p).convert("RGBA").save(p)
+    df = gb.score_folder(tmp_path, ShapesDetector(), rows, n=2, progress=False)
+    assert list(df.columns) == ["filename", "tag", "prompt", "correct", "reason", "metadata", "details"]
+    assert df["filename"].tolist() == [str(tmp_path / f"{j:05d}" / "samples" / f"{k:04d}.png")
+                                       for j in range(3) for k in range(2)]
+    assert df["tag"].tolist() == [r["tag"] for r in rows for _ in range(2)]
+    assert df["prompt"].tolist() == [r["prompt"] for r in rows for _ in range(2)]
+    assert [json.loads(m) for m in df["metadata"]] == [r for r in rows for _ in range(2)]
+    assert df["correct"].tolist() == [True] * 4 + [False] * 2
+    assert df["reason"].tolist() == [""] * 4 + ["expected square>=1, found 0"] * 2
+    for j, details in zip([0, 0, 1, 1, 2, 2], df["details"]):
+        found = json.loads(details)
+        assert Counter({c: len(b) for c, b in found.items()}) == Counter(o.shape for o in truths[j].objects)
+        assert all(len(b) == 5 and b[4] > 0.99 for bs in found.values() for b in bs)     # x0, y0, x1, y1, score
+    assert df.equals(gb.score_folder(tmp_path, ShapesDetector(), progress=False))     # the folder's own rows
+
+
+def test_record_metrics_carry_binomial_errors_per_task_and_the_error_of_the_mean():
+    """metrics_of by hand: three tasks of 2, 4 and 3 images (accuracies 1/2, 3/4 and 1/3), four prompts; the
+    tasks keep their order of appearance (GenEval's groupby(sort=False)), here not alphabetical."""
+    import math
+    res = pd.DataFrame({"tag": ["position"] * 2 + ["counting"] * 4 + ["colors"] * 3,
+                        "correct": [False, True, True, True, False, True, False, False, True],
+                        "metadata": ["c", "c", "a", "a", "b", "b", "d", "d", "d"]})
+    m = gb.metrics_of(res)
+    se_c, se_p, se_k = math.sqrt(0.75 * 0.25 / 4), math.sqrt(0.5 * 0.5 / 2), math.sqrt(2 / 9 / 3)
+    err = "binomial standard error over images"
+    assert m == {
+        "geneval_colors": {"value": 1 / 3, "stderr": pytest.approx(se_k, rel=1e-12), "n": 3, "higher_is_better": True,
+                           "error": err},
+        "geneval_counting": {"value": 0.75, "stderr": pytest.approx(se_c, rel=1e-12), "n": 4, "higher_is_better": True,
+                             "error": err},
+        "geneval_position": {"value": 0.5, "stderr": pytest.approx(se_p, rel=1e-12), "n": 2, "higher_is_better": True,
+                             "error": err},
+        "geneval": {"value": pytest.approx((0.5 + 0.75 + 1 / 3) / 3, rel=1e-12),
+                    "stderr": pytest.approx(math.sqrt(se_c ** 2 + se_p ** 2 + se_k ** 2) / 3, rel=1e-12), "n": 9,
+                    "higher_is_better": True, "error": "standard error of the mean of the task accuracies"},
+        "geneval_images": {"value": 5 / 9, "n": 9, "higher_is_better": True},
+        "geneval_prompts": {"value": 1.0, "n": 9, "higher_is_better": True},
+    }
+    assert list(m) == ["geneval_position", "geneval_counting", "geneval_colors", "geneval", "geneval_images",
+                       "geneval_prompts"]
+    assert all(isinstance(v["n"], int) and isinstance(v.get("stderr", 0.0), float) for v in m.values())
+
+
+def test_geneval_names_the_files_it_lacks_before_any_sampling(monkeypatch):
+    tail = (" (the folder holding mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco.pth; OpenAI's ViT-L-14 weights file). "
+            "Or generate the folder with `varbench geneval generate`, score it with the official evaluator and "
+            "`varbench geneval import results.jsonl`")
+    for var in ("VARBENCH_GENEVAL_DETECTOR", "VARBENCH_CLIP_WEIGHTS"):
+        monkeypatch.delenv(var, raising=False)
+    for kw, missing in [({}, "VARBENCH_GENEVAL_DETECTOR and VARBENCH_CLIP_WEIGHTS"),
+                        ({"model_path": "m2f"}, "VARBENCH_CLIP_WEIGHTS"),
+                        ({"clip_weights": "vit.pt"}, "VARBENCH_GENEVAL_DETECTOR")]:
+        with pytest.raises(FileNotFoundError) as e:
+            gb.GenEval(**kw).preflight()
+        assert str(e.value) == f"geneval needs its detector and CLIP weights: set {missing}{tail}"
+    gb.GenEval(model_path="m2f", clip_weights="vit.pt").preflight()
+    monkeypatch.setenv("VARBENCH_GENEVAL_DETECTOR", "m2f")
+    monkeypatch.setenv("VARBENCH_CLIP_WEIGHTS", "vit.pt")
+    b = gb.GenEval()
+    b.preflight()
+    assert (b.model_path, b.clip_weights) == ("m2f", "vit.pt")
+
+
+def test_prompt_benches_check_n_and_their_prompts():
+    b = gb.ShapesGenEval()
+    with pytest.raises(ValueError, match=r"--n 6: shapes-geneval takes 4 images per prompt"):
+        b.labels(6)
+    with pytest.raises(NotImplementedError):
+        gb._GenEvalBench().rows()
+    imgs = torch.zeros(4, 3, 8, 8, dtype=torch.uint8)
+    with pytest.raises(ValueError) as e:
+        b.evaluate(imgs, b.labels(8)[4:], progress=False)
+    assert str(e.value) == "shapes-geneval: the images' prompts are not this bench's prompts in order"

@@ -668,3 +668,43 @@ def test_timing_partners_are_the_current_records_timed_with_the_request(tmp_path
     assert [s.key() for s in timing_partners([a], [rec_a], tmp_path)] == [b.key()]
     assert timing_partners([a, b], [rec_a, None], tmp_path) == []
     assert timing_partners([a], [None], tmp_path) == [] and rec_d["run_id"] == d.key()
+
+
+def test_available_cpus_is_the_affinity_mask_else_the_machines_count(monkeypatch):
+    from bench.benches.latency import available_cpus
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 5, 6} if pid == 0 else set(range(9)), raising=False)
+    assert available_cpus() == 3                # this process's mask (pid 0), not another's
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set())
+    assert available_cpus() == 1
+    for error in (AttributeError, OSError):     # macOS has no affinity masks; a sandbox may refuse the call
+        def refuse(pid, error=error):
+            raise error("no affinity")
+        monkeypatch.setattr(os, "sched_getaffinity", refuse)
+        assert available_cpus() == 8
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert available_cpus() == 1
+
+
+def test_every_setting_refused_in_full():
+    from bench.defaults import COMPUTE_UNITS
+    units = ", ".join(COMPUTE_UNITS)
+    for kw, msg in ((dict(batch=0), "--batch 0: must be ≥ 1"),
+                    (dict(warmup=0), "--warmup 0: must be ≥ 1 (the first generation allocates and warms caches)"),
+                    (dict(threads=0), "--threads 0: must be ≥ 1"),
+                    (dict(device="coreml"), f"--compute-units None: expected one of {units}"),
+                    (dict(device="coreml", compute_units="GPU"), f"--compute-units 'GPU': expected one of {units}"),
+                    (dict(device="cpu", compute_units="ALL"), "--compute-units applies to --device coreml only"),
+                    (dict(device="cuda", compute_units="ALL"), "--compute-units applies to --device coreml only"),
+                    (dict(device="coreml", compute_units="ALL", compile=True),
+                     "--compile applies to --device cpu or cuda (torch.compile); Core ML compiles its package itself "
+                     "when it loads it")):
+        with pytest.raises(ValueError) as e:
+            LatencyBench(**kw)
+        assert str(e.value) == msg
+    b = LatencyBench(device="coreml", compute_units=COMPUTE_UNITS[0], precision="fp32", threads=1)
+    assert (b.compute_units, b.precision, b.threads, b.batch, b.warmup) == (COMPUTE_UNITS[0], "fp32", 1, 1, 2)
+    assert b.identity() == {"version": 3, "device": "coreml", "batch": 1, "threads": None, "compile": False,
+                            "warmup": 2, "compute_units": COMPUTE_UNITS[0], "precision": "fp32"}
+    assert LatencyBench(threads=2, precision="fp32").identity() == {
+        "version": 3, "device": "cpu", "batch": 1, "threads": 2, "compile": False, "warmup": 2}

@@ -3,6 +3,7 @@ features of in-memory images against its own folder pipeline, the prompts and ca
 tiny bench, CLIP score's formula, and the fidelity runs (FID* of a model against itself, the cache
 of the original's outputs reused and resumed)."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -127,6 +128,14 @@ def test_shapes_mjhq_prompts_are_the_reference_scenes_captions():
     for bad in (0, 7, 3006, 2.0, True):
         with pytest.raises(ValueError, match="multiple of 6 up to 3000"):
             b.check_n(bad)
+    table = b.prompt_table()
+    assert list(table.columns) == ["id", "category", "prompt"] and len(table) == 3000
+    assert list(table["id"][:3]) == ["ref-00000", "ref-00001", "ref-00002"] and table["id"].iloc[-1] == "ref-02999"
+    assert list(b.chosen(12)["id"]) == [f"ref-{6 * k + t:05d}" for t in range(6) for k in range(2)]
+    # scoring checks that the rows are of this bench's prompts, in order
+    with pytest.raises(ValueError) as e:
+        b.score({"features": torch.zeros(12, 4)}, list(reversed(labels)))
+    assert str(e.value) == "shapes-mjhq: the images' prompts are not this bench's prompts in order"
 
 
 def test_fidelity_is_a_setting_of_feature_benches_only():
@@ -319,3 +328,111 @@ def test_folders_in_fastvars_layout_score_like_the_run(tmp_path, capsys):
     assert f"MJHQ image folder {tmp_path / 'nowhere'} not found (`varbench mjhq generate" in capsys.readouterr().err
     assert main(["mjhq", "score", str(out / "position" / "ref-00004.png"), "--n", "12", "--quiet"]) == 2
     assert "ref-00004.png is not a folder" in capsys.readouterr().err
+
+
+def test_mjhq30k_preflight_messages_in_full(tmp_path, monkeypatch):
+    """Each missing piece in its turn, the whole message; Inception as a file or a folder holding it; the
+    environment variables as defaults."""
+    for v in ("VARBENCH_MJHQ_DIR", "VARBENCH_CLEANFID_INCEPTION", "VARBENCH_CLIP_WEIGHTS"):
+        monkeypatch.delenv(v, raising=False)
+    B = BENCHES.get("mjhq30k")
+
+    def message(**kw):
+        with pytest.raises(FileNotFoundError) as e:
+            B(**kw).preflight()
+        return str(e.value)
+    assert message() == ("mjhq30k needs MJHQ-30K: set VARBENCH_MJHQ_DIR to the folder holding meta_data.json and the "
+                         "unzipped mjhq30k_imgs.zip (<category>/<id>.jpg), from playgroundai/MJHQ-30K")
+    assert message(mjhq_dir=str(tmp_path)) == (f"{tmp_path / 'meta_data.json'} not found (VARBENCH_MJHQ_DIR): put "
+                                               f"MJHQ-30K's meta_data.json and its unzipped images there")
+    _meta(tmp_path)
+    inc_dir = tmp_path / "inc"
+    inc_dir.mkdir()
+    for inception, shown in ((str(inc_dir / "x.pt"), inc_dir / "x.pt"), (str(inc_dir), inc_dir)):
+        assert message(mjhq_dir=str(tmp_path), inception=inception) == (
+            f"clean-fid's Inception {shown} not found: set VARBENCH_CLEANFID_INCEPTION to inception-2015-12-05.pt "
+            f"(or put it in /tmp, where clean-fid looks)")
+    if not (Path("/tmp") / mm.INCEPTION_FILE).is_file():    # no argument: clean-fid's own place
+        assert f"clean-fid's Inception /tmp/{mm.INCEPTION_FILE} not found" in message(mjhq_dir=str(tmp_path))
+    (inc_dir / mm.INCEPTION_FILE).write_bytes(b"")
+    clip_tail = (" not found: set VARBENCH_CLIP_WEIGHTS to OpenAI's ViT-L-14 weights (ViT-L-14.pt, or "
+                 "open_clip_pytorch_model.bin of timm/vit_large_patch14_clip_224.openai)")
+    for inception in (str(inc_dir), str(inc_dir / mm.INCEPTION_FILE)):       # the folder or the file itself
+        assert message(mjhq_dir=str(tmp_path), inception=inception) == f"CLIP weights None{clip_tail}"
+    assert message(mjhq_dir=str(tmp_path), inception=str(inc_dir), clip_weights=str(inc_dir)) == \
+        f"CLIP weights {inc_dir}{clip_tail}"                                  # a folder is not the weights file
+    (tmp_path / "ViT-L-14.pt").write_bytes(b"")
+    B(mjhq_dir=str(tmp_path), inception=str(inc_dir), clip_weights=str(tmp_path / "ViT-L-14.pt")).preflight()
+    monkeypatch.setenv("VARBENCH_MJHQ_DIR", str(tmp_path))
+    monkeypatch.setenv("VARBENCH_CLEANFID_INCEPTION", str(inc_dir))
+    monkeypatch.setenv("VARBENCH_CLIP_WEIGHTS", str(tmp_path / "ViT-L-14.pt"))
+    B().preflight()
+
+
+def test_mjhq_folder_layout_seeds_resume_and_what_score_reads(tmp_path):
+    """generate_folder / score_folder without a model: one image per prompt seeded by its index, .png written
+    and .png or .jpg read, what is already there kept; score hands the runner's stream every image in order."""
+    from PIL import Image
+
+    from bench.io import read_image
+    b = BENCHES.get("shapes-mjhq")()
+    chosen = b.chosen(12)
+    seeds = []
+
+    class Fake:
+        def generate(self, prompts, seed=0, **kw):
+            seeds.append((prompts, seed, kw))
+            return torch.full((1, 3, 4, 4), seed % 251, dtype=torch.uint8)
+    out = tmp_path / "imgs"
+    assert mb.generate_folder(Fake(), b, out, 12, seed=3, sampling={"cfg": 4.0}, progress=False) == 12
+    assert seeds == [([p], b.batch_seed(3, i), {"cfg": 4.0}) for i, p in enumerate(chosen["prompt"])]
+    assert mb.image_path(out, "position", "ref-00004") == out / "position" / "ref-00004.png"
+    first = chosen.iloc[0]
+    png = out / first["category"] / f"{first['id']}.png"
+    Image.open(png).convert("RGB").save(png.with_suffix(".jpg"), quality=100)
+    assert mb._existing(out, first["category"], first["id"]) == png            # .png first
+    png.unlink()
+    assert mb._existing(out, first["category"], first["id"]) == png.with_suffix(".jpg")
+    assert mb._existing(out, first["category"], "nothing") is None
+    seeds.clear()
+    assert mb.generate_folder(Fake(), b, out, 12, seed=3, sampling={}, progress=False) == 0 and seeds == []
+
+    read, scored = [], {}
+
+    def stream(gen, bench, prompts, seed, sampling, cached, progress, desc):
+        assert gen is None and isinstance(bench, Scoring) and seed == 0 and sampling == {} and desc == "mjhq features"
+        imgs = torch.cat([cached(lo, min(lo + 5, len(prompts))) for lo in range(0, len(prompts), 5)])
+        read.append(imgs)
+        return {"features": imgs.float().flatten(1)}, {}, {}
+
+    class Scoring(type(b)):
+        def score(self, feats, labels, seed=0, progress=True):
+            scored.update(feats=feats, labels=labels)
+            return {"fid": 1.0}
+    sb = Scoring()
+    assert mb.score_folder(sb, out, 12, stream, progress=False) == {"fid": 1.0}
+    want = torch.stack([read_image(mb._existing(out, r.category, r.id)) for r in chosen.itertuples()])
+    assert torch.equal(read[0], want) and scored["labels"] == list(chosen["prompt"])
+    assert torch.equal(scored["feats"]["features"], want.float().flatten(1))
+    gone = [out / r.category / f"{r.id}.png" for r in list(chosen.itertuples())[1:6]]
+    for p in gone:
+        p.unlink()
+    with pytest.raises(FileNotFoundError) as e:
+        mb.score_folder(sb, out, 12, stream, progress=False)
+    assert str(e.value) == (f"{out}: missing {', '.join(str(p) for p in gone[:3])} (and 2 more); generate them "
+                            f"(`varbench mjhq generate` resumes where it stopped)")
+    gone[4].write_bytes(b"")                           # four missing: one more than are named
+    with pytest.raises(FileNotFoundError) as e:
+        mb.score_folder(sb, out, 12, stream, progress=False)
+    assert str(e.value).endswith(f"{gone[2]} (and 1 more); generate them (`varbench mjhq generate` resumes where it "
+                                 f"stopped)")
+    gone[3].write_bytes(b"")                           # three: all named
+    with pytest.raises(FileNotFoundError) as e:
+        mb.score_folder(sb, out, 12, stream, progress=False)
+    assert str(e.value).endswith(f"{gone[2]}; generate them (`varbench mjhq generate` resumes where it stopped)")
+    for where, message in ((tmp_path / "nowhere", f"MJHQ image folder {tmp_path / 'nowhere'} not found (`varbench mjhq "
+                                                  f"generate {tmp_path / 'nowhere'}` writes it)"),
+                           (gone[3], f"{gone[3]} is not a folder")):
+        with pytest.raises(FileNotFoundError) as e:
+            mb.score_folder(sb, where, 12, stream, progress=False)
+        assert str(e.value) == message

@@ -1,6 +1,7 @@
 """End to end on the shipped tiny world: a run writes one record, a rerun reuses it, a changed method
 makes it stale, tables render from records."""
 import copy
+import dataclasses
 import json
 import time
 
@@ -149,6 +150,9 @@ def test_bench_data_is_tokenised_once_per_process_and_key():
     runner.cached_data(spec, b, None, 16, "train")
     other = make_spec("tiny-var", [], n=24, seed=1)      # the seed does not change the data
     assert runner.cached_data(other, b, None, 8, "train") is first and Counting.calls == 3
+    # the checkpoint files do
+    retrained = dataclasses.replace(spec, ckpt={**spec.ckpt, "tiny_var.safetensors": "0" * 64})
+    assert runner.cached_data(retrained, b, None, 8, "train") is not first and Counting.calls == 4
     for n in range(20, 20 + runner._DATA_CACHE_SIZE + 1):  # bounded
         runner.cached_data(spec, b, None, n, "train")
     assert len(runner._DATA_CACHE) == runner._DATA_CACHE_SIZE

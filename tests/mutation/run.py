@@ -5,7 +5,9 @@ Each mutant is one AST edit of one target function (arithmetic/comparison/boolea
 constant change, unary-operator removal, statement deletion). The parent imports torch and the code
 once; every mutant runs in a fork that swaps the function's ``__code__`` for the mutated one and runs
 the target's tests with pytest (``-x -q -p no:cacheprovider``): a failing run kills the mutant, a
-passing run means it survived, a run past the time limit is a timeout. One worker.
+passing run means it survived, a run past the time limit is a timeout. An edit that does not compile
+(a deleted assignment that a ``nonlocal`` needs) is not a program: it is printed as skipped and not scored.
+One worker.
 
     .venv/bin/python tests/mutation/run.py [--only SUBSTRING] [--list]
     .venv/bin/python tests/mutation/run.py --GROUP [--only SUBSTRING]   # one group of GROUPS (make mutation-GROUP)
@@ -13,7 +15,8 @@ passing run means it survived, a run past the time limit is a timeout. One worke
 
 The groups and what each covers: ``--help``. Results go to mutants/decorated-results.json, with a group to the
 results file GROUPS names for it (mutants/ is mutmut's work folder, git-ignored); a run with --only replaces its
-functions' results and keeps the rest.
+functions' results and keeps the rest; ``--survivors`` reruns only the mutants not killed last time (after new
+tests), keeping the records of the killed ones.
 """
 from __future__ import annotations
 
@@ -261,6 +264,44 @@ PLUMBING_TARGETS = [(m, fn, tests) for m, fns, tests in [
     ("bench.coreml", ["_ops", "op_counts", "total_ops", "weights_bytes"], _COREML_OPS),
     ("bench.coreml", ["_ct", "export"], _COREML),
 ] for fn in fns]
+# What turns a run spec into its record: the runner (reuse, preflight, the chain, sampling by batches and
+# chunks, metric and cost fields, timings), the original model's cached outputs for FID*, and the benches
+# (labels, seeds per batch, n checks, identity and protocol, folder layouts and resume). A survivor here is a
+# record whose numbers or settings are not what was run.
+_RUNNER = ["tests/test_runner_fields.py", "tests/test_runner.py"]
+_MJHQ_BENCH = ["tests/test_mjhq.py", "-k", "not fid_star and not fidelity_on and not fastvars_layout"]
+_ORIGINALS = ["tests/test_originals.py", "tests/test_mjhq.py", "-k", "originals or fidelity or fid_star"]
+RUNS_TARGETS = [(m, fn, tests) for m, fns, tests in [
+    ("bench.runner", ["sample"], ["tests/test_runner.py", "-k", "sample_features"]),
+    ("bench.runner", ["sample_features"], ["tests/test_runner.py", "tests/test_runner_fields.py", "-k",
+                                           "sample_features or test_runner_fields"]),
+    ("bench.runner", ["cached_data"], ["tests/test_runner.py", "-k", "tokenised"]),
+    ("bench.runner", ["_refuse_newer"], ["tests/test_runner_fields.py", "-k", "newer_schema"]),
+    ("bench.runner", ["bench_of", "preflight", "run"], _RUNNER),
+    ("bench.runner", ["prepared_generator"], ["tests/test_runner_fields.py", "tests/test_latency.py", "-k",
+                                              "prepared_generator or test_latency"]),
+    ("bench.runner", ["account"], ["tests/test_render.py", "tests/test_runner_fields.py", "-k", "weight_free"]),
+    ("bench.originals", ["original_spec", "folder", "image_path", "load_images", "complete", "ensure", "pair_rows",
+                         "pair_metrics"], _ORIGINALS),
+    ("bench.benches.base", ["Bench.__init__", "Bench.check_fidelity", "Bench.labels", "Bench.check_n",
+                            "Bench.batch_seed", "Bench.identity", "Bench.args_from_protocol", "Bench.preflight",
+                            "Bench.evaluate", "Bench.lpips_weights", "Bench.fidelity_metrics"], ["tests/test_bench_base.py"]),
+    ("bench.benches.geneval", ["_shapes_row", "shapes_metadata", "official_metadata", "prompt_dir", "write_prompt",
+                               "_samples", "prompt_complete", "scan_folder", "generate_folder", "score_images",
+                               "score_folder", "metrics_of", "_GenEvalBench.rows", "_GenEvalBench.check_n",
+                               "_GenEvalBench.labels", "_GenEvalBench.evaluate", "GenEval.preflight"],
+     ["tests/test_geneval.py"]),
+    ("bench.benches.mjhq", ["_MJHQBench.check_n", "_MJHQBench.chosen", "_MJHQBench.labels",
+                            "_MJHQBench.label_categories", "_MJHQBench.score", "ShapesMJHQ.prompt_table",
+                            "MJHQ30K.preflight", "MJHQ30K.score"], _MJHQ_BENCH),
+    ("bench.benches.mjhq", ["image_path", "_existing", "generate_folder", "score_folder"],
+     ["tests/test_mjhq.py", "-k", "fastvars_layout or mjhq_folder"]),
+    ("bench.benches.mjhq", ["_MJHQBench.fidelity_metrics"], ["tests/test_mjhq.py", "-k", "fid_star"]),
+    ("bench.benches.shapes_c2i", ["TinyFeatureBench.identity", "TinyFeatureBench.preflight", "ShapesC2I.features",
+                                  "ShapesC2I.score", "ShapesC2I.data"], ["tests/test_bench_base.py"]),
+    ("bench.benches.latency", ["available_cpus", "LatencyBench.__init__", "LatencyBench.identity",
+                               "LatencyBench.check_n", "LatencyBench.args_from_protocol"], ["tests/test_latency.py"]),
+] for fn in fns]
 DESELECT = ["tests/test_methods.py::test_ft_lowers_the_training_loss"]
 
 SWAP_BIN = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
@@ -437,6 +478,9 @@ GROUPS = {
     "plumbing": (PLUMBING_TARGETS, "plumbing-results.json", "checkpoints, files and Core ML",
                  "checkpoint reading and strict loading, manifests, atomic writes and build info, HART's config "
                  "from its folder, the paper-world metric assets, the Core ML export and op counts"),
+    "runs": (RUNS_TARGETS, "runs-results.json", "runs and benches",
+             "spec to record: the runner's reuse, preflight, sampling, metric, cost and timing fields, the original "
+             "model's cached outputs for FID*, the benches' labels, seeds, checks and folder layouts"),
     "scoring": (SCORING_TARGETS, "scoring-results.json", "datasets and scoring",
                 "the procedural datasets, the scene detector, GenEval's scoring rules and colour classifier, the "
                 "tiny feature network"),
@@ -548,6 +592,9 @@ def main():
         group.add_argument(f"--{flag}", dest="group", action="store_const", const=flag,
                            help=f"{text} (make mutation-{flag})")
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
+    ap.add_argument("--survivors", action="store_true",
+                    help="run only the mutants the group's results file does not list as killed (after new tests); "
+                         "the killed ones keep their records")
     args = ap.parse_args()
     os.chdir(ROOT)
     if args.summary:
@@ -561,6 +608,11 @@ def main():
     survivors, records = [], []
     targets, out, label, _ = GROUPS[args.group or "decorated"]
     out = os.path.join("mutants", out)
+    previous: dict = {}   # --survivors: tag -> earlier statuses, in order (a tag can repeat within a line)
+    if args.survivors and os.path.exists(out):
+        with open(out) as f:
+            for r in json.load(f):
+                previous.setdefault(r["tag"], []).append(r)
     for module, qualname, tests in targets:
         name = f"{module}.{qualname}"
         if args.only not in name:
@@ -577,21 +629,38 @@ def main():
             for line, desc, _ in muts:
                 print(f"{os.path.relpath(path, ROOT)}:{line} {qualname}: {desc}")
             continue
+        counts = totals.setdefault(os.path.relpath(path, ROOT) + "::" + qualname, {})
+        todo = []
+        for line, desc, new_fn in muts:
+            tag = f"{os.path.relpath(path, ROOT)}:{line} {qualname}: {desc}"
+            earlier_rec = previous[tag].pop(0) if previous.get(tag) else None
+            if args.survivors and earlier_rec is not None and earlier_rec["status"] == "killed":
+                counts["killed"] = counts.get("killed", 0) + 1
+                records.append(earlier_rec)
+            else:
+                todo.append((line, desc, new_fn))
+        if not todo:
+            continue
         status, base = run_tests(tests)
         if status != "survived":
             print(f"{name}: the unmutated tests do not pass ({status}); skipped", flush=True)
+            records[:] = [r for r in records if r.get("function") != qualname or r["file"] != os.path.relpath(path, ROOT)]
             continue
         limit = 3 * base + 10
-        print(f"{name}: {len(muts)} mutants, clean run {base:.1f}s, timeout {limit:.0f}s", flush=True)
-        counts = totals.setdefault(os.path.relpath(path, ROOT) + "::" + qualname, {})
-        for line, desc, new_fn in muts:
-            fn_code = mutant_code(fn, new_fn, path)
+        print(f"{name}: {len(todo)} of {len(muts)} mutants, clean run {base:.1f}s, timeout {limit:.0f}s", flush=True)
+        for line, desc, new_fn in todo:
+            tag = f"{os.path.relpath(path, ROOT)}:{line} {qualname}: {desc}"
+            try:
+                fn_code = mutant_code(fn, new_fn, path)
+            except SyntaxError as e:   # e.g. a deleted binding that a `nonlocal` names: not a program, not scored
+                print(f"  skipped (does not compile: {e.msg})  {os.path.relpath(path, ROOT)}:{line} {qualname}: {desc}",
+                      flush=True)
+                continue
             if fn_code.co_freevars != fn.__code__.co_freevars:
                 status, dt = "error(closure)", 0.0
             else:
                 status, dt = run_tests(tests, fn, fn_code, limit)
             counts[status] = counts.get(status, 0) + 1
-            tag = f"{os.path.relpath(path, ROOT)}:{line} {qualname}: {desc}"
             print(f"  {status:9s} {dt:5.1f}s  {tag}", flush=True)
             records.append({"file": os.path.relpath(path, ROOT), "function": qualname, "tag": tag,
                             "status": status, "seconds": round(dt, 1)})
@@ -602,7 +671,7 @@ def main():
     # --only replaces the run functions' records and keeps the rest, so a long run can be done in parts
     run = {(r["file"], r["function"]) for r in records}
     earlier = []
-    if args.only and os.path.exists(out):
+    if (args.only or args.survivors) and os.path.exists(out):
         with open(out) as f:
             earlier = json.load(f)
     kept = [r for r in earlier
