@@ -644,7 +644,9 @@ def main():
         status, base = run_tests(tests)
         if status != "survived":
             print(f"{name}: the unmutated tests do not pass ({status}); skipped", flush=True)
+            # --survivors: the killed records carried over are dropped again (the file keeps them)
             records[:] = [r for r in records if r.get("function") != qualname or r["file"] != os.path.relpath(path, ROOT)]
+            totals.pop(os.path.relpath(path, ROOT) + "::" + qualname, None)
             continue
         limit = 3 * base + 10
         print(f"{name}: {len(todo)} of {len(muts)} mutants, clean run {base:.1f}s, timeout {limit:.0f}s", flush=True)
