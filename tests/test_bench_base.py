@@ -144,3 +144,56 @@ def test_shapes_c2i_training_and_calibration_data_are_tokenised_tinyshapes_split
         imgs, want = tinyshapes.generate(6, source)
         assert torch.equal(labels, want)
         assert all(torch.equal(a, b) for a, b in zip(tokens, tokenize_images(vae, imgs, progress=False)))
+
+
+def test_imagenet_calibration_data_is_vars_evaluation_transform_at_a_uniform_stride(tmp_path, monkeypatch):
+    """ImageNet256.data on an ImageFolder in tmp_path: images picked at a uniform stride (EVAR-code's calibration
+    sampling), each through VAR's val transform (utils/data.py: Resize(288, LANCZOS), CenterCrop(256), ToTensor,
+    ×2 − 1, composed here from torchvision), tokenised 32 at a time by the model's VQVAE, scale by scale."""
+    import numpy as np
+    from PIL import Image
+    from torchvision import transforms
+    from torchvision.transforms import InterpolationMode
+
+    from bench.benches.imagenet256 import ImageNet256
+    monkeypatch.setenv("VARBENCH_DATA_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError) as e:
+        ImageNet256().data(4, "calib", None)
+    assert str(e.value) == (f"ImageNet val folder not found: {tmp_path / 'imagenet' / 'val'}\n  Put the ILSVRC-2012 "
+                            f"images there in ImageFolder layout (one sub-folder per class, n01440764/ …) or set "
+                            f"VARBENCH_DATA_DIR. varbench never downloads data.")
+    with pytest.raises(FileNotFoundError, match=r"ImageNet train folder not found: .*imagenet/train\n"):
+        ImageNet256().data(4, "train", None)
+    rng = np.random.default_rng(0)
+    # sizes whose longer side at 288 has a fraction ≥ 0.5 (500×353: 407.93 → torchvision keeps 407), odd crops
+    sizes = [(500, 353), (353, 500), (300, 300), (640, 427), (290, 311)]
+    paths = []
+    for c in ("n01", "n02", "n03"):
+        (tmp_path / "imagenet" / "val" / c).mkdir(parents=True)
+        for k, (w, h) in enumerate(sizes):
+            p = tmp_path / "imagenet" / "val" / c / f"{k}.png"
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(p)
+            paths.append((p, int(c[-1]) - 1))
+
+    class FakeVQVAE:
+        post_quant_conv = torch.nn.Conv2d(1, 1, 1)
+
+        def __init__(self):
+            self.batches = []
+
+        def img_to_idx(self, x):
+            self.batches.append(x)
+            return [x.mean((1, 2, 3), keepdim=True).flatten(1), x[:, :, 100:102, 50].flatten(1)]
+    vae = FakeVQVAE()
+    labels, tokens = ImageNet256().data(34, "calib", vae)
+    picks = torch.linspace(0, 14, 34).round().long().tolist()
+    assert labels.tolist() == [paths[i][1] for i in picks]
+    assert [len(b) for b in vae.batches] == [32, 2]
+    official = transforms.Compose([transforms.Resize(288, interpolation=InterpolationMode.LANCZOS),
+                                   transforms.CenterCrop((256, 256)), transforms.ToTensor()])
+    want = torch.stack([official(Image.open(paths[i][0]).convert("RGB")) * 2 - 1 for i in picks])
+    got = torch.cat(vae.batches)
+    assert got.shape == (34, 3, 256, 256) and torch.equal(got, want)
+    assert [t.shape for t in tokens] == [(34, 1), (34, 6)]
+    assert torch.equal(tokens[0], want.mean((1, 2, 3), keepdim=True).flatten(1))
+    assert torch.equal(tokens[1], want[:, :, 100:102, 50].flatten(1))

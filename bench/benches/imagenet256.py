@@ -59,8 +59,8 @@ class ImageNet256(Bench):
         """(labels, token pyramid) of n ImageNet images taken at a uniform stride over the folder
         (EVAR-code's calibration sampling), tokenised by the model's own VQVAE."""
         import torch
-        from PIL import Image
         from torchvision.datasets import ImageFolder
+        from torchvision.transforms import InterpolationMode
         from torchvision.transforms import functional as TF
         from tqdm.auto import tqdm
 
@@ -75,11 +75,12 @@ class ImageNet256(Bench):
         picks = torch.linspace(0, len(ds) - 1, n).round().long().tolist()
 
         def load(i):
+            # VAR's evaluation transform (utils/data.py, val_aug): torchvision's Resize of the shorter side to
+            # round(1.125·256) = 288 with LANCZOS (the longer side truncated, as torchvision computes it), the
+            # centre 256² crop, then [0, 1] → [-1, 1]
             img, label = ds[i]
-            w, h = img.size
-            s = round(1.125 * 256) / min(w, h)   # VAR: shorter side to 1.125·res (LANCZOS), then crop
-            img = TF.center_crop(img.convert("RGB").resize((round(w * s), round(h * s)), Image.LANCZOS), 256)
-            return TF.to_tensor(img).mul(2).sub(1), label
+            img = TF.resize(img.convert("RGB"), round(1.125 * 256), interpolation=InterpolationMode.LANCZOS)
+            return TF.to_tensor(TF.center_crop(img, 256)).mul(2).sub(1), label
 
         labels, parts = [], []
         for b in tqdm(range(0, n, 32), desc=f"tokenise ImageNet {sub}"):

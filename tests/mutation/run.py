@@ -299,6 +299,7 @@ RUNS_TARGETS = [(m, fn, tests) for m, fns, tests in [
     ("bench.benches.mjhq", ["_MJHQBench.fidelity_metrics"], ["tests/test_mjhq.py", "-k", "fid_star"]),
     ("bench.benches.shapes_c2i", ["TinyFeatureBench.identity", "TinyFeatureBench.preflight", "ShapesC2I.features",
                                   "ShapesC2I.score", "ShapesC2I.data"], ["tests/test_bench_base.py"]),
+    ("bench.benches.imagenet256", ["ImageNet256.data"], ["tests/test_bench_base.py", "-k", "imagenet"]),
     ("bench.benches.latency", ["available_cpus", "LatencyBench.__init__", "LatencyBench.identity",
                                "LatencyBench.check_n", "LatencyBench.args_from_protocol"], ["tests/test_latency.py"]),
 ] for fn in fns]
