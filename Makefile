@@ -84,7 +84,7 @@ mutation: setup
 #                     ~1230; about an hour and a half without `export` (114 mutants, ~40 s each against the export tests)
 #   mutation-runs     spec to record: the runner (reuse, preflight, sampling by batches and chunks, metric, cost and
 #                     timing fields), the original model's cached outputs for FID*, the benches' labels, seeds, checks
-#                     and folder layouts: ~1150, two hours or more (the runner's `run`: ~50 s a mutant)
+#                     and folder layouts: ~1200, two hours or more (the runner's `run`: ~50 s a mutant)
 # `--survivors` (e.g. `$(BIN)/python tests/mutation/run.py --runs --survivors`) reruns only what a group's last run
 # did not kill, after new tests.
 MUTATION_GROUPS = mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring mutation-models mutation-plumbing mutation-runs
