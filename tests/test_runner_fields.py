@@ -170,6 +170,7 @@ def test_nothing_is_loaded_before_the_checks(tmp_path, clocked, monkeypatch):
     from bench.io import OutputDirError
     with pytest.raises(OutputDirError, match="results folder .* is a file, not a folder"):
         runner.run(spec, root=tmp_path / "file", progress=False)
+
     def missing(self):
         raise FileNotFoundError("feature network gone")
     monkeypatch.setattr(ShapesC2I, "preflight", missing)       # the bench's files are checked before loading
@@ -183,7 +184,7 @@ def test_the_device_is_the_one_the_process_group_gives(tmp_path, clocked, monkey
     clock, _ = clocked
     seen = []
     monkeypatch.setattr(runner.shard, "setup", lambda device: seen.append(device) or "cpu")
-    torch.manual_seed(0)
+    torch.manual_seed(0)                # another global seed than the spec's, so that the check below can fail
     rec = runner.run(make_spec("tiny-var", [], n=12, seed=5), root=tmp_path, progress=False, device="cuda:7")
     assert seen == ["cuda:7"] and rec["cost"]["device"] == "cpu" and rec["env"]["device"] == "cpu"
     assert clock.seeds == [5]           # the model is loaded (and its methods run) under the spec's seed

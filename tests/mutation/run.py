@@ -639,7 +639,7 @@ def main():
                 counts["killed"] = counts.get("killed", 0) + 1
                 records.append(earlier_rec)
             else:
-                todo.append((line, desc, new_fn))
+                todo.append((new_fn, tag))
         if not todo:
             continue
         status, base = run_tests(tests)
@@ -651,13 +651,11 @@ def main():
             continue
         limit = 3 * base + 10
         print(f"{name}: {len(todo)} of {len(muts)} mutants, clean run {base:.1f}s, timeout {limit:.0f}s", flush=True)
-        for line, desc, new_fn in todo:
-            tag = f"{os.path.relpath(path, ROOT)}:{line} {qualname}: {desc}"
+        for new_fn, tag in todo:
             try:
                 fn_code = mutant_code(fn, new_fn, path)
             except SyntaxError as e:   # e.g. a deleted binding that a `nonlocal` names: not a program, not scored
-                print(f"  skipped (does not compile: {e.msg})  {os.path.relpath(path, ROOT)}:{line} {qualname}: {desc}",
-                      flush=True)
+                print(f"  skipped (does not compile: {e.msg})  {tag}", flush=True)
                 continue
             if fn_code.co_freevars != fn.__code__.co_freevars:
                 status, dt = "error(closure)", 0.0
