@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 WORLD   ?= tiny
 
-.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard setup-browser figures tiny-models tiny-t2i tiny-t2i-gpu mutation mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring mutation-models mutation-plumbing mutation-runs clean
+.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard setup-browser figures tiny-models tiny-t2i tiny-t2i-gpu mutation mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring mutation-models mutation-plumbing mutation-runs mutation-surface clean
 
 setup: $(STAMP)
 
@@ -85,9 +85,12 @@ mutation: setup
 #   mutation-runs     spec to record: the runner (reuse, preflight, sampling by batches and chunks, metric, cost and
 #                     timing fields), the original model's cached outputs for FID*, the benches' labels, seeds, checks
 #                     and folder layouts: ~1200, two hours or more (the runner's `run`: ~50 s a mutant)
+#   mutation-surface  what a user types and reads: the varbench commands' checks, messages, exit codes and printed
+#                     numbers, the default folders and the package's data, the sample grid, the metric catalogue:
+#                     ~1270, two hours or more (two drivers on disjoint `--only` sets: about half)
 # `--survivors` (e.g. `$(BIN)/python tests/mutation/run.py --runs --survivors`) reruns only what a group's last run
 # did not kill, after new tests.
-MUTATION_GROUPS = mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring mutation-models mutation-plumbing mutation-runs
+MUTATION_GROUPS = mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring mutation-models mutation-plumbing mutation-runs mutation-surface
 $(MUTATION_GROUPS): mutation-%: setup
 	$(BIN)/python tests/mutation/run.py --$*
 	$(BIN)/python tests/mutation/run.py --summary

@@ -157,3 +157,62 @@ def test_a_shipped_sweep_loads_by_name_and_an_unknown_name_lists_the_shipped_one
     assert grid.models == ("tiny-var",) and grid.seeds == (0, 1)
     with pytest.raises(sweep.SweepError, match="tiny-example"):
         sweep.load("tiny-exampel")
+
+
+def test_the_command_says_what_it_found_and_wrote_and_plans_without_running(tmp_path, capsys, monkeypatch):
+    import bench.runner
+    monkeypatch.setattr(bench.runner, "run", lambda *a, **k: pytest.fail("a plan ran a cell"))
+    monkeypatch.setattr(bench.runner, "preflight", lambda *a, **k: pytest.fail("a plan checked a cell"))
+    grid = {**GRID, "methods": ["dense", "magnitude", "magnitude:sparsity=0.4"]}   # one chain spelled twice
+    path, root = write(tmp_path, grid), tmp_path / "results"
+    specs, repeats = sweep.expand(sweep.parse(grid))
+    assert (len(specs), repeats) == (4, 2)
+    fake_record(specs[1], root)
+    assert main(["sweep", str(path), "--results", str(root), "--dry-run"]) == 0
+    out = capsys.readouterr()
+    assert out.err == "4 cells: 1 done, 3 to run (2 repeated an earlier cell's run)\n"
+    assert len(out.out.splitlines()) == 1 + 4                      # a header and one line per cell, none wrapped
+    assert out.out.splitlines()[1].split()[:2] == ["1", "tiny-var"]         # cell numbers, no frame index
+    cmds = tmp_path / "c.txt"
+    assert main(["sweep", str(path), "--results", str(root), "--emit-commands", str(cmds)]) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f'wrote 3 command(s) to {cmds} (one per line: sed -n "${{SLURM_ARRAY_TASK_ID}}p" {cmds} | bash, array 1-3)')
+    assert len(cmds.read_text().splitlines()) == 3
+    # a paper-world grid is planned without its checkpoints; running it needs them
+    paper = write(tmp_path, {"world": "paper", "models": ["var-d16"], "methods": ["dense"], "benches": ["imagenet256"],
+                             "n": 1000}, "paper.yaml")
+    assert main(["sweep", str(paper), "--results", str(root), "--dry-run"]) == 0
+    assert capsys.readouterr().err == "1 cells: 0 done, 1 to run\n"
+    assert main(["sweep", str(paper), "--results", str(root), "--quiet"]) == 2
+    assert "var_d16.pth" in capsys.readouterr().err
+
+
+def test_a_sweep_checks_every_cell_before_running_the_first(tmp_path, capsys, monkeypatch):
+    import bench.runner
+    calls = []
+    monkeypatch.setattr(bench.runner, "preflight", lambda spec, root: calls.append(("preflight", spec.key(), root)))
+    monkeypatch.setattr(bench.runner, "run", lambda spec, root, ckpt_dir, progress, device:
+                        calls.append(("run", spec.key(), root, progress, device)))
+    path, root = write(tmp_path, GRID), tmp_path / "results"
+    specs, _ = sweep.expand(sweep.parse(GRID))
+    fake_record(specs[0], root)
+    assert main(["sweep", str(path), "--results", str(root)]) == 0
+    todo = [s.key() for s in specs[1:]]
+    assert calls == [("preflight", k, root) for k in todo] + [("run", k, root, True, "cpu") for k in todo]
+    err = capsys.readouterr().err
+    assert "sweep: " in err and specs[-1].label() in err                 # the bar, with the cell it runs
+    assert "run/s]" in err or "s/run]" in err                           # counting runs
+    assert err.endswith(f"ran 5 cell(s); records under {root}\n")
+    calls.clear()
+    assert main(["sweep", str(path), "--results", str(root), "--quiet"]) == 0
+    assert [c[3] for c in calls if c[0] == "run"] == [False] * 5
+    assert capsys.readouterr().err.splitlines()[-1] == f"ran 5 cell(s); records under {root}"   # no bar
+    monkeypatch.setattr("bench.shard.rank", lambda: 1)                 # torchrun: the other ranks run quietly
+    calls.clear()
+    assert main(["sweep", str(path), "--results", str(root)]) == 0
+    assert [c[3] for c in calls if c[0] == "run"] == [False] * 5 and capsys.readouterr() == ("", "")
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr("bench.shard.rank", lambda: 0)
+    assert main(["sweep", str(path), "--results", str(tmp_path / "file"), "--quiet"]) == 2
+    f = tmp_path / "file"
+    assert capsys.readouterr().err.endswith(f"\nvarbench: error: results folder {f}: {f} is a file, not a folder\n")

@@ -59,8 +59,13 @@ def age(seconds: float) -> str:
 
 
 def parse_seed(text: str) -> int:
-    from bench.defaults import check_seed
+    """argparse type of --seed: check_seed's range, its message without the option (argparse adds it)."""
+    from bench.defaults import SEED_MAX, check_seed
     try:
-        return check_seed(int(text))
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, {SEED_MAX}] (2^32 - 1), got {text!r}") from None
+    try:
+        return check_seed(seed)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e).replace("--seed ", "")) from None

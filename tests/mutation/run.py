@@ -9,14 +9,15 @@ passing run means it survived, a run past the time limit is a timeout. An edit t
 (a deleted assignment that a ``nonlocal`` needs) is not a program: it is printed as skipped and not scored.
 One worker.
 
-    .venv/bin/python tests/mutation/run.py [--only SUBSTRING] [--list]
+    .venv/bin/python tests/mutation/run.py [--only SUBSTRING[,SUBSTRING...]] [--list]
     .venv/bin/python tests/mutation/run.py --GROUP [--only SUBSTRING]   # one group of GROUPS (make mutation-GROUP)
     .venv/bin/python tests/mutation/run.py --summary   # per-file score of mutmut's run + this one
 
 The groups and what each covers: ``--help``. Results go to mutants/decorated-results.json, with a group to the
 results file GROUPS names for it (mutants/ is mutmut's work folder, git-ignored); a run with --only replaces its
 functions' results and keeps the rest; ``--survivors`` reruns only the mutants not killed last time (after new
-tests), keeping the records of the killed ones.
+tests), keeping the records of the killed ones. The file is written after each function (a stopped run keeps
+what it measured), under a lock: two drivers may run disjoint --only sets of one group at once.
 """
 from __future__ import annotations
 
@@ -303,6 +304,65 @@ RUNS_TARGETS = [(m, fn, tests) for m, fns, tests in [
     ("bench.benches.latency", ["available_cpus", "LatencyBench.__init__", "LatencyBench.identity",
                                "LatencyBench.check_n", "LatencyBench.args_from_protocol"], ["tests/test_latency.py"]),
 ] for fn in fns]
+# What a user types and reads: the commands behind `varbench` (their checks, the order of their work, what
+# they print and return), where the package finds its data and writes by default, the sample grid, and the
+# metric catalogue. Each against the tests that call that command through bench.cli.main in-process. A
+# survivor here is a wrong message, exit code or printed number, or a file written to the wrong place. (`info`'s
+# tests, ~20 s, run only against the commands that print it.)
+_SURFACE = ["tests/test_cli_surface.py", "tests/test_cli_inputs.py", "tests/test_registry.py"]
+_INFO = ["tests/test_cli_info.py"] + _SURFACE + [f"tests/test_accounting.py::{t}" for t in (
+    "test_info_json_contract", "test_info_with_a_structural_method_matches_the_paper_sizes",
+    "test_kv_cache_holds_only_the_tokens_a_token_method_computes")] + [f"tests/test_t2i.py::{t}" for t in (
+    "test_info_json_tiny_t2i_contract", "test_info_json_infinity_2b_and_hart", "test_sample_cli_bad_inputs")] + [
+    "tests/test_cli_prompts.py"]
+_INFO_T2I = ["tests/test_cli_info.py::test_info_text_of_tiny_t2i", "tests/test_t2i.py::test_info_json_tiny_t2i_contract",
+             "tests/test_t2i.py::test_info_json_infinity_2b_and_hart"]
+_INFO_HART = ["tests/test_cli_info.py::test_info_text_of_hart", "tests/test_t2i.py::test_info_json_infinity_2b_and_hart"]
+_STALE = "tests/test_runner.py::test_a_changed_method_makes_its_record_stale_and_reruns"
+_TABLE = ["tests/test_cli_table.py"] + _SURFACE + ["tests/test_runner.py::test_table_command_renders_records_and_says_why_rows_are_empty",
+                     "tests/test_runner.py::test_unknown_table_name", "tests/test_table5.py",
+                     "tests/test_render.py::test_the_table_command_times_a_tables_latency_cells_together",
+                     "tests/test_render.py::test_weight_free_accounting_fills_params_anywhere_and_a_run_record_wins"]
+_LATENCY_CLI = ["tests/test_cli_timing.py"] + _SURFACE + [f"tests/test_latency.py::{t}" for t in (
+    "test_cli_compares_two_chains_writes_records_and_reuses_them", "test_random_weights_records_name_no_file_and_are_not_stale",
+    "test_bad_latency_arguments_are_one_clear_line", "test_compile_is_refused_for_core_ml",
+    "test_more_threads_than_usable_cpus_is_warned_before_timing", "test_every_setting_refused_in_full",
+    "test_text_to_image_models_are_timed_on_the_worlds_geneval_prompts")] + [
+    "tests/test_coreml.py::test_latency_cli_on_coreml_with_the_runtime_faked"]
+_COREML_CLI = _SURFACE + ["tests/test_coreml.py::test_cli_ops_and_bad_input",
+                          "tests/test_coreml.py::test_cli_exports_tiny_var_dense_and_pruned"]
+_FOLDERS = _SURFACE + ["tests/test_cli_prompts.py", "tests/test_geneval.py::test_cli_import_and_bad_options",
+                       "tests/test_mjhq.py::test_folders_in_fastvars_layout_score_like_the_run"]
+SURFACE_TARGETS = [(m, fn, tests) for m, fns, tests in [
+    ("bench.commands.common", ["human", "takes_prompts", "prompt_models", "sampling_overrides", "device_for",
+                               "load_records", "age", "parse_seed"],
+     _SURFACE + ["tests/test_leaderboard.py", "tests/test_t2i.py::test_sample_cli_bad_inputs", "tests/test_cli_prompts.py"]),
+    ("bench.commands.models", ["cmd_list"], _SURFACE),
+    ("bench.commands.models", ["cmd_info", "_kv_row", "_print_info"], _INFO),
+    ("bench.commands.models", ["_on_meta"], _INFO_T2I + _INFO_HART),
+    ("bench.commands.models", ["_info_t2i"], _INFO_T2I),
+    ("bench.commands.models", ["_info_hart"], _INFO_HART),
+    ("bench.commands.models", ["cmd_sample"], ["tests/test_cli_prompts.py", "tests/test_t2i.py::test_sample_cli_bad_inputs"]),
+    ("bench.commands.runs", ["cmd_run"], _SURFACE + ["tests/test_latency.py::test_run_refuses_the_latency_bench",
+                                                     "tests/test_runner.py::test_an_altered_checkpoint_is_refused"]),
+    ("bench.commands.runs", ["cmd_sweep"], ["tests/test_sweep.py"]),
+    ("bench.commands.runs", ["cmd_runs"], _SURFACE + [_STALE, "tests/test_mjhq.py::test_fidelity_on_a_class_conditional_bench"]),
+    ("bench.commands.tables", ["cmd_table"], _TABLE),
+    ("bench.commands.tables", ["cmd_figures"], _SURFACE + [
+        "tests/test_figures.py::test_cli_renders_all_figures", "tests/test_figures.py::test_missing_records_and_unknown_figures_are_clear",
+        "tests/test_figures_ablation.py::test_cli_draws_the_figures_it_can_and_reports_the_token_figure"]),
+    ("bench.commands.tables", ["cmd_leaderboard"], _SURFACE + ["tests/test_leaderboard.py"]),
+    ("bench.commands.timing", ["cmd_latency"], _LATENCY_CLI),
+    ("bench.commands.timing", ["cmd_coreml"], _COREML_CLI),
+    ("bench.commands.folders", ["_geneval_print", "_folder_bench", "_geneval_bench", "_folder_generator",
+                                "cmd_geneval_import", "cmd_geneval_score", "cmd_geneval_generate", "_mjhq_bench",
+                                "cmd_mjhq_generate", "cmd_mjhq_score"], _FOLDERS),
+    ("bench.resources", ["_is_checkout", "resource_dir", "tiny_assets_dir", "results_root", "tables_out_dir",
+                         "figures_out_dir"], _SURFACE + ["tests/test_render.py", "tests/test_resources.py"]),
+    ("bench.image_grid", ["save_grid"], _SURFACE),
+    ("bench.metrics.catalog", ["MetricInfo.__post_init__", "MetricInfo.higher_is_better", "MetricInfo.__call__"],
+     _SURFACE + ["tests/test_leaderboard.py", "tests/test_layers.py"]),
+] for fn in fns]
 DESELECT = ["tests/test_methods.py::test_ft_lowers_the_training_loss"]
 
 SWAP_BIN = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
@@ -482,6 +542,9 @@ GROUPS = {
     "runs": (RUNS_TARGETS, "runs-results.json", "runs and benches",
              "spec to record: the runner's reuse, preflight, sampling, metric, cost and timing fields, the original "
              "model's cached outputs for FID*, the benches' labels, seeds, checks and folder layouts"),
+    "surface": (SURFACE_TARGETS, "surface-results.json", "commands and their output",
+                "what a user types and reads: the varbench commands' checks, messages, exit codes and printed "
+                "numbers, the default folders and the package's data, the sample grid, the metric catalogue"),
     "scoring": (SCORING_TARGETS, "scoring-results.json", "datasets and scoring",
                 "the procedural datasets, the scene detector, GenEval's scoring rules and colour classifier, the "
                 "tiny feature network"),
@@ -587,7 +650,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--summary", action="store_true", help="print the per-file scores and survivors, run nothing")
     ap.add_argument("--recheck", action="store_true", help="run the slow tests on mutmut's survivors")
-    ap.add_argument("--only", default="", help="run only targets whose name contains this")
+    ap.add_argument("--only", default="", help="run only targets whose name contains this (several: comma-separated)")
     group = ap.add_mutually_exclusive_group()
     for flag, (_, _, _, text) in list(GROUPS.items())[1:]:
         group.add_argument(f"--{flag}", dest="group", action="store_const", const=flag,
@@ -614,9 +677,29 @@ def main():
         with open(out) as f:
             for r in json.load(f):
                 previous.setdefault(r["tag"], []).append(r)
+    def save():
+        """Write the records so far; called after each function, so that a stopped run keeps what it measured.
+        --only and --survivors replace the run functions' records and keep the rest (a long run can be done in
+        parts); the file is re-read under a lock each time, so drivers running disjoint --only sets at once keep
+        each other's records."""
+        import fcntl
+
+        from bench.io import atomic_write_bytes
+        run = {(r["file"], r["function"]) for r in records}
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            earlier = []
+            if (args.only or args.survivors) and os.path.exists(out):
+                with open(out) as f:
+                    earlier = json.load(f)
+            kept = [r for r in earlier
+                    if (r["file"], r.get("function", r["tag"].split(" ")[1].rstrip(":"))) not in run]
+            atomic_write_bytes(out, json.dumps(kept + records, indent=1).encode())
+
     for module, qualname, tests in targets:
         name = f"{module}.{qualname}"
-        if args.only not in name:
+        if not any(part in name for part in args.only.split(",")):
             continue
         fn = resolve(module, qualname)
         src_lines, first = inspect.getsourcelines(fn)
@@ -667,18 +750,10 @@ def main():
                             "status": status, "seconds": round(dt, 1)})
             if status != "killed":
                 survivors.append((status, tag))
+        save()
     if args.list:
         return
-    # --only replaces the run functions' records and keeps the rest, so a long run can be done in parts
-    run = {(r["file"], r["function"]) for r in records}
-    earlier = []
-    if (args.only or args.survivors) and os.path.exists(out):
-        with open(out) as f:
-            earlier = json.load(f)
-    kept = [r for r in earlier
-            if (r["file"], r.get("function", r["tag"].split(" ")[1].rstrip(":"))) not in run]
-    from bench.io import atomic_write_bytes
-    atomic_write_bytes(out, json.dumps(kept + records, indent=1).encode())
+    save()
     print("\nscore per function (killed / total):")
     all_k = all_t = 0
     for key, c in totals.items():
