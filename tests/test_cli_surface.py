@@ -98,8 +98,13 @@ def test_save_grid(tmp_path):
     red = (arr[..., 0] > 200) & (arr[..., 1] < 60) & (arr[..., 2] < 60)
     cols = np.flatnonzero(red.any(0))
     assert w / 3 < cols.min() and cols.max() < 2 * w / 3   # the middle image is in the middle cell
-    w2, h2 = Image.open(save_grid(imgs, ["a", "b", "c"], tmp_path / "g2.png", cols=2, cell_inches=1.0)).size
-    assert (w2, h2) == (2 * 120, round(2 * 1.45 * 120))
+    g2 = save_grid(imgs, ["a", "b", "c"], tmp_path / "g2.png", cols=2, cell_inches=1.5)
+    w2, h2 = Image.open(g2).size
+    assert (w2, h2) == (2 * 180, round(2 * 1.95 * 120))   # 2 × 2 cells of 1.5 in + 0.45 in for the caption
+    assert Image.open(save_grid(imgs, ["a", "b", "c"], tmp_path / "g1.png", cols=1, cell_inches=1.0)).size == (
+        120, round(3 * 1.45 * 120))                         # one column
+    arr2 = np.asarray(Image.open(g2).convert("RGB"))
+    assert (arr2[h2 // 2 + 5:, w2 // 2 + 5:] == 255).all()  # the fourth cell: blank, its axes off
     for bad, caps in ((imgs[:, :1], ["a", "b", "c"]), (imgs, ["a", "b"]), (imgs[0], ["a"])):
         with pytest.raises(ValueError) as e:
             save_grid(bad, caps, tmp_path / "bad.png")
