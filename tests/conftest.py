@@ -32,6 +32,13 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+def cli(capsys, argv, rc=0):
+    """``varbench ARGV`` in-process (bench.cli.main): asserts its exit code, returns (out, err) captured."""
+    from bench.cli import main
+    assert main(argv) == rc, capsys.readouterr()
+    return capsys.readouterr()
+
+
 def make_small_gen() -> Generator:
     """The small generator with its seeded random weights (the same every call)."""
     torch.manual_seed(0)

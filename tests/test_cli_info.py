@@ -3,13 +3,8 @@ without a method chain; a chain that cannot be accounted for without weights say
 (Ordered fast first: the mutation driver stops at the first failure.)"""
 import json
 
-from bench.cli import main
 from bench.commands import common
-
-
-def _out(capsys, argv, rc=0):
-    assert main(argv) == rc
-    return capsys.readouterr()
+from tests.conftest import cli as _out
 
 
 def _info(capsys, *argv):

@@ -5,12 +5,7 @@ import json
 
 import pytest
 
-from bench.cli import main
-
-
-def _out(capsys, argv, rc=0):
-    assert main(argv) == rc
-    return capsys.readouterr()
+from tests.conftest import cli as _out
 
 
 def test_sample_generates_the_prompts_n_times_into_one_grid(tmp_path, capsys, monkeypatch):

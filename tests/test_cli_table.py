@@ -7,14 +7,9 @@ import json
 
 import pytest
 
-from bench.cli import main
 from bench.plan import table_cells, unique_specs
 from bench.render import load_spec
-
-
-def _out(capsys, argv, rc=0):
-    assert main(argv) == rc
-    return capsys.readouterr()
+from tests.conftest import cli as _out
 
 
 @pytest.fixture

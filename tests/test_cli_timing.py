@@ -3,12 +3,7 @@ checkpoints, compute units), what it prints, and its refusals; the timing itself
 own tests time real generations)."""
 import pytest
 
-from bench.cli import main
-
-
-def _out(capsys, argv, rc=0):
-    assert main(argv) == rc
-    return capsys.readouterr()
+from tests.conftest import cli as _out
 
 
 class _Spec:
