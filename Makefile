@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 WORLD   ?= tiny
 
-.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard setup-browser figures tiny-models tiny-t2i tiny-t2i-gpu mutation mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring mutation-models mutation-plumbing mutation-runs mutation-surface clean
+.PHONY: setup test test-all lint table1 table2 table3 table4 table5 tables leaderboard setup-browser figures tiny-models tiny-t2i tiny-t2i-gpu mutation mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring mutation-models mutation-plumbing mutation-runs mutation-surface mutation-figures mutation-cards clean
 
 setup: $(STAMP)
 
@@ -88,9 +88,14 @@ mutation: setup
 #   mutation-surface  what a user types and reads: the varbench commands' checks, messages, exit codes and printed
 #                     numbers, the default folders and the package's data, the sample grid, the metric catalogue:
 #                     ~1270, two hours or more (two drivers on disjoint `--only` sets: about half)
+#   mutation-figures  the ablation and trade-off figures: points, Pareto fronts, sweep series, table bars, PSAD's gate
+#                     curves, the spec checks and empty-figure messages: ~1590, about two hours (two drivers: one)
+#   mutation-cards    the models' configs and cards: official sizes, pruned block sizes, Infinity's scale schedules,
+#                     image sizes, where files are looked for and what a missing one says, strict loading, the
+#                     data's token pyramids: ~160, about half an hour
 # `--survivors` (e.g. `$(BIN)/python tests/mutation/run.py --runs --survivors`) reruns only what a group's last run
 # did not kill, after new tests.
-MUTATION_GROUPS = mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring mutation-models mutation-plumbing mutation-runs mutation-surface
+MUTATION_GROUPS = mutation-tokens mutation-infra mutation-core mutation-pruning mutation-measure mutation-scoring mutation-models mutation-plumbing mutation-runs mutation-surface mutation-figures mutation-cards
 $(MUTATION_GROUPS): mutation-%: setup
 	$(BIN)/python tests/mutation/run.py --$*
 	$(BIN)/python tests/mutation/run.py --summary

@@ -7,9 +7,11 @@ once; every mutant runs in a fork that swaps the function's ``__code__`` for the
 the target's tests with pytest (``-x -q -p no:cacheprovider``): a failing run kills the mutant, a
 passing run means it survived, a run past the time limit is a timeout. An edit that does not compile
 (a deleted assignment that a ``nonlocal`` needs) is not a program: it is printed as skipped and not scored.
-One worker.
+Constants inside a keyword argument that only styles a drawing (``STYLE_KWARGS``: line widths, marker and
+font sizes, alpha, z-order, paddings, legend placement) are not mutated: no test can tell 1.2 from 2.2
+there short of restating the value. One worker.
 
-    .venv/bin/python tests/mutation/run.py [--only SUBSTRING[,SUBSTRING...]] [--list]
+    .venv/bin/python tests/mutation/run.py [--only SUBSTRING[,SUBSTRING...]] [--list]   # NAME$: that function only
     .venv/bin/python tests/mutation/run.py --GROUP [--only SUBSTRING]   # one group of GROUPS (make mutation-GROUP)
     .venv/bin/python tests/mutation/run.py --summary   # per-file score of mutmut's run + this one
 
@@ -363,7 +365,51 @@ SURFACE_TARGETS = [(m, fn, tests) for m, fns, tests in [
     ("bench.metrics.catalog", ["MetricInfo.__post_init__", "MetricInfo.higher_is_better", "MetricInfo.__call__"],
      _SURFACE + ["tests/test_leaderboard.py", "tests/test_layers.py"]),
 ] for fn in fns]
+# The ablation and trade-off figures: which records become which points, bars and panels, the Pareto front,
+# sweep series and their labels, a table's cells as bars, PSAD's gate curves, the spec checks and the empty-
+# figure messages, the files written. Against the figure tests, which read the plotted data off the Axes. A
+# survivor here is a point drawn from the wrong record, a wrong front or curve, or a bad spec let through.
+_FIG_P, _FIG_A = "tests/test_figures.py", "tests/test_figures_ablation.py"   # pareto/latency kinds; sweep, bars, gates
+_FIG_S = ["tests/test_figures_specs.py", "tests/test_figures_data.py"]   # spec checks, hand-made records: ~2 s, first
+FIGURE_TARGETS = [(m, fn, tests) for m, fns, tests in [
+    ("bench.figures", ["figures_dir", "figure_names", "load_figure", "_for_world", "_check_metric", "_chain", "_short",
+                       "_defaults", "describe", "_ylabel", "_where", "_point", "_style", "figure", "render"],
+     _FIG_S + [_FIG_P, _FIG_A]),
+    ("bench.figures", ["_latency_records", "_left_out", "pareto_points", "pareto_front", "_check_pareto", "_draw_pareto",
+                       "_draw_scale_latency"], _FIG_S + [_FIG_P]),
+    ("bench.figures", ["_check_sweep", "_swept", "sweep_series", "_sweep_empty", "_draw_sweep", "_check_table_bars",
+                       "table_bars_data", "_draw_table_bars", "gate_onsets", "gate_values", "_check_gates",
+                       "gate_schedules", "_draw_gates"], _FIG_S + [_FIG_A]),
+] for fn in fns]
+# Model cards and configs: the official sizes (VAR width 64·depth; Infinity-2B head dim 128, FFN 8192, pool
+# heads), pruned per-block sizes, Infinity's scale schedules, image sizes, where a card looks for its files and
+# what a missing one's error says, strict loading of the shipped tiny files, the data's token pyramids. Against
+# tests/test_cards.py (torch-free, < 1 s) and test_zoo.py first, then the loaders' own tests.
+_CARDS = ["tests/test_cards.py", "tests/test_zoo.py"]
+CARDS_TARGETS = [(m, fn, tests) for m, fns, tests in [
+    ("bench.models.configs", ["VARConfig.official", "VARConfig.block_heads", "VARConfig.block_ffn", "VARConfig.hd",
+                              "VARConfig.L", "VARConfig.replace", "VARConfig.to_dict", "VQVAEConfig.to_dict"],
+     _CARDS + ["tests/test_checkpoint.py"]),
+    ("bench.models.configs", ["infinity_schedule", "BSQConfig.to_dict", "InfinityConfig.infinity_2b", "InfinityConfig.hd",
+                              "InfinityConfig.ffn_hidden", "InfinityConfig.pool_heads", "InfinityConfig.L",
+                              "InfinityConfig.image_size", "InfinityConfig.replace", "InfinityConfig.to_dict",
+                              "TextConfig.to_dict"], _CARDS + ["tests/test_t2i.py", "tests/test_infinity_gaps.py"]),
+    ("bench.models.cards", ["ModelCard.image_size", "ModelCard.folder", "ModelCard.files", "ModelCard.identity",
+                            "ModelCard.build", "ModelCard.__call__", "T2ICard.image_size", "T2ICard.folder",
+                            "T2ICard.files", "T2ICard.identity", "T2ICard.build", "T2ICard.__call__",
+                            "HARTCard.folder", "HARTCard.config", "HARTCard.image_size", "HARTCard.files",
+                            "HARTCard.identity", "HARTCard.build", "HARTCard.__call__", "HARTCard.text_encoder"],
+     _CARDS + ["tests/test_hart_runner.py"]),
+    ("bench.models.zoo", ["build", "load", "load_vae", "load_var", "load_generator", "build_t2i", "load_bsq", "load_t2i"],
+     _CARDS + ["tests/test_checkpoint.py", "tests/test_t2i.py"]),
+    ("bench.data.tokens", ["tokenize_images"], ["tests/test_tokens.py"]),
+] for fn in fns]
 DESELECT = ["tests/test_methods.py::test_ft_lowers_the_training_loss"]
+# matplotlib keywords whose values are looks only (what is drawn, where, and in which colour or line style
+# stays mutated: x/y data, labels, colours, ls, markers, the note's position, tight_layout's rect, dpi)
+STYLE_KWARGS = {"capsize", "elinewidth", "lw", "linewidth", "ms", "markersize", "mew", "fontsize", "alpha", "zorder",
+                "pad", "rotation", "xytext", "textcoords", "bbox", "error_kw", "ncol", "bbox_to_anchor", "frameon",
+                "loc", "ha", "style", "hatch", "figsize"}
 
 SWAP_BIN = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
             ast.FloorDiv: ast.Div, ast.Pow: ast.Mult, ast.Mod: ast.FloorDiv, ast.MatMult: ast.Mult}
@@ -399,6 +445,8 @@ def mutants_of(fn_node: ast.FunctionDef):
         doc = fn_node.body[0].value
     else:
         doc = None
+    style = {id(c) for kw in body_nodes if isinstance(kw, ast.keyword) and kw.arg in STYLE_KWARGS
+             for c in ast.walk(kw.value) if isinstance(c, ast.Constant)}
     for i, node in enumerate(body_nodes):
         edits = []
         if isinstance(node, ast.BinOp) and type(node.op) in SWAP_BIN:
@@ -415,14 +463,14 @@ def mutants_of(fn_node: ast.FunctionDef):
         elif isinstance(node, ast.BoolOp):
             other = ast.Or if isinstance(node.op, ast.And) else ast.And
             edits.append((f"{type(node.op).__name__} -> {other.__name__}", partial(_set_op, op=other)))
-        elif isinstance(node, ast.Constant) and node is not doc:
+        elif isinstance(node, ast.Constant) and node is not doc and id(node) not in style:
             for new in _const_mutations(node.value):
                 edits.append((f"{node.value!r} -> {new!r}", lambda n, v=new: setattr(n, "value", v)))
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Not)):
             edits.append((f"drop unary {type(node.op).__name__}", "unwrap"))
         elif isinstance(node, ast.If):
             edits.append(("if cond -> if not cond", lambda n: setattr(n, "test", ast.UnaryOp(ast.Not(), n.test))))
-        if isinstance(node, ast.stmt) and not isinstance(node, (ast.Return, ast.FunctionDef)) and \
+        if isinstance(node, ast.stmt) and not isinstance(node, (ast.Return, ast.FunctionDef, ast.Pass)) and \
                 not (isinstance(node, ast.Expr) and node.value is doc):
             edits.append(("delete statement", "delete"))
         for desc, edit in edits:
@@ -484,7 +532,8 @@ def resolve(module, qualname):
         obj = getattr(obj, part)
     if isinstance(obj, property):   # a property's getter is mutated like any method
         obj = obj.fget
-    return inspect.unwrap(obj)
+    obj = inspect.unwrap(obj)
+    return getattr(obj, "__func__", obj)   # a classmethod: the function (a bound method has no settable __code__)
 
 
 def run_tests(tests, fn=None, new_code=None, timeout=600.0, deselect=DESELECT):
@@ -497,7 +546,10 @@ def run_tests(tests, fn=None, new_code=None, timeout=600.0, deselect=DESELECT):
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
             if fn is not None:
-                fn.__code__ = new_code
+                try:
+                    fn.__code__ = new_code
+                except Exception:   # the mutant could not be put in place: an error, never a kill
+                    os._exit(98)
             import pytest
             args = ["-x", "-q", "-p", "no:cacheprovider", *tests]
             for d in deselect:
@@ -545,6 +597,13 @@ GROUPS = {
     "surface": (SURFACE_TARGETS, "surface-results.json", "commands and their output",
                 "what a user types and reads: the varbench commands' checks, messages, exit codes and printed "
                 "numbers, the default folders and the package's data, the sample grid, the metric catalogue"),
+    "figures": (FIGURE_TARGETS, "figures-results.json", "figures",
+                "the ablation and trade-off figures: points, fronts, sweep series, table bars, gate curves, spec "
+                "checks and empty-figure messages"),
+    "cards": (CARDS_TARGETS, "cards-results.json", "model cards and configs",
+              "the models' configs and cards: official sizes, pruned block sizes, Infinity's schedules, image "
+              "sizes, where files are looked for and what a missing one says, building and strict loading, the "
+              "data's token pyramids"),
     "scoring": (SCORING_TARGETS, "scoring-results.json", "datasets and scoring",
                 "the procedural datasets, the scene detector, GenEval's scoring rules and colour classifier, the "
                 "tiny feature network"),
@@ -650,7 +709,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--summary", action="store_true", help="print the per-file scores and survivors, run nothing")
     ap.add_argument("--recheck", action="store_true", help="run the slow tests on mutmut's survivors")
-    ap.add_argument("--only", default="", help="run only targets whose name contains this (several: comma-separated)")
+    ap.add_argument("--only", default="", help="run only targets whose name contains this (several: comma-separated; "
+                    "NAME$: the function NAME only, e.g. figure$ but not figures_dir)")
     group = ap.add_mutually_exclusive_group()
     for flag, (_, _, _, text) in list(GROUPS.items())[1:]:
         group.add_argument(f"--{flag}", dest="group", action="store_const", const=flag,
@@ -699,7 +759,8 @@ def main():
 
     for module, qualname, tests in targets:
         name = f"{module}.{qualname}"
-        if not any(part in name for part in args.only.split(",")):
+        if not any(name.endswith("." + part[:-1]) if part.endswith("$") else part in name
+                   for part in args.only.split(",")):
             continue
         fn = resolve(module, qualname)
         src_lines, first = inspect.getsourcelines(fn)
