@@ -151,6 +151,11 @@ def test_the_note_is_wrapped_to_the_figure_and_clear_of_the_axes(written, name, 
     assert note.get_position() == (0.01, 0.01) and note.get_va() == "bottom" and note.get_fontsize() == 6
     assert all(len(ln) <= width for ln in lines), lines
     assert any(ln.startswith("  ") for ln in lines) == wrapped, lines
+    from bench.figures import KINDS, _style, load_figure
+    from bench.records import load_records
+    spec = load_figure(name)
+    raw = KINDS[spec["kind"]].draw(spec, load_records(written, "tiny"), "tiny", written, _style())[1]
+    assert "".join(note.get_text().split()) == "".join(raw.split())   # the kind's note, only re-wrapped
     fig.canvas.draw()
     r = fig.canvas.get_renderer()
     top = note.get_window_extent(r).y1
@@ -610,7 +615,10 @@ def test_one_scale_is_drawn_in_the_first_colour():
     _, rec = _lat("a", ["tome"], 100.0, "g")
     rec["cost"] = {"per_scale_ms": [7.0], "decode_ms": 3.0}
     fig, _ = _draw(spec, {"a": rec})
-    assert to_hex(fig.axes[0].patches[0].get_facecolor()) == to_hex(matplotlib.colormaps["viridis"](0.0))
+    ax = fig.axes[0]
+    assert to_hex(ax.patches[0].get_facecolor()) == to_hex(matplotlib.colormaps["viridis"](0.0))
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["scale 0", "decode"]   # one chain: still labelled
+    assert ax.get_ylabel() == "ms per generation (median per scale)"
 
 
 # ------------------------------------------------------------------ PSAD's gate schedules
@@ -719,3 +727,24 @@ def test_the_dense_bar_stands_first_even_when_shortest():
     assert [t.get_text() for t in ax.get_xticklabels()] == ["dense", "awq"]
     viridis = [to_hex(matplotlib.colormaps["viridis"](v)) for v in (0.0, 1.0)]
     assert [to_hex(p.get_facecolor()) for p in ax.patches[:2]] == viridis      # two scales: both ends of the map
+
+
+def test_table_bars_data_takes_values_run_ids_and_the_reference_from_the_records(tmp_path):
+    from bench.figures import table_bars_data
+    from bench.plan import table_cells
+    from bench.records import load_records
+    from bench.render import load_spec
+    table = load_spec("evar-table3")
+    cells = {c.row: c for c in table_cells(table, "tiny", need_ckpt=False)}
+    root = tmp_path / "results"
+    ids = {}
+    for row, fid in (("Dense Baseline", 1.4), ("First scale only", 6.1)):
+        rec = make_record(cells[row].spec, {"fid": {"value": fid, "stderr": 0.1}}, {}, {"total_s": 1.0})
+        write_record(cells[row].spec.path(root), rec)
+        ids[row] = rec["run_id"]
+    data = table_bars_data({"name": "c", "table": "evar-table3", "y": "fid"}, load_records(root, "tiny"), "tiny")
+    by = {b["row"]: b for b in data["bars"]}
+    assert table.reference_row == "Dense Baseline" and data["reference"] == 1.4
+    assert [(by[r]["value"], by[r]["stderr"], by[r]["run_id"], by[r]["absent"]) for r in ids] == [
+        (1.4, 0.1, ids["Dense Baseline"], None), (6.1, 0.1, ids["First scale only"], None)]
+    assert {b["group"] for b in data["bars"]} == {data["table"]["groups"][0]["label"]}
