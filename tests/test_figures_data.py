@@ -288,7 +288,7 @@ def test_the_note_counts_the_chains_left_out():
     assert _left_out(0) == ""
     assert _left_out(1) == ("\n1 chain timed only in another measurement run left out (latencies are compared "
                             "within one run)")
-    assert _left_out(3) == ("\n3 chains timed only in another measurement run left out (latencies are compared "
+    assert _left_out(2) == ("\n2 chains timed only in another measurement run left out (latencies are compared "
                             "within one run)")
 
 

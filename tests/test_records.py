@@ -296,3 +296,16 @@ def test_accounting_keeps_figures_another_accounting_computed(tmp_path):
     accounting_path(tmp_path, spec).write_text("{not json")
     write_accounting(tmp_path, spec, {"params": 12})
     assert json.loads(accounting_path(tmp_path, spec).read_text())["cost"] == {"params": 12}
+
+
+def test_a_run_spec_from_a_dict_refuses_what_is_not_one():
+    spec = RunSpec(world="tiny", model="tiny-var", methods=("magnitude:sparsity=0.4",), bench="shapes-c2i", n=12,
+                   seed=0, sampling={"cfg": 2.0}, ckpt={"f": "0"}, method_versions={}, protocol={"version": 1})
+    d = spec.to_dict()
+    assert RunSpec.from_dict({**d, "methods": list(d["methods"])}) == spec      # JSON lists become the tuple
+    with pytest.raises(ValueError) as e:
+        RunSpec.from_dict([d])
+    assert str(e.value) == "bad run spec: expected an object, got list"
+    with pytest.raises(ValueError) as e:
+        RunSpec.from_dict({**d, "methods": "magnitude:sparsity=0.4"})
+    assert str(e.value) == "bad run spec: methods must be a list, got 'magnitude:sparsity=0.4'"
