@@ -9,6 +9,7 @@ from bench.figures import EmptyFigureError, FigureSpecError, figure, gate_schedu
 KNOWN = ("calibration, fid-vs-sparsity, pareto, pareto-latency, psad-gates, recovery, scale-latency, "
          "token-keep-ratio")
 SWEEP = "title: t\nkind: sweep\nmodel: {tiny: tiny-var}\nbench: {tiny: shapes-c2i}\n"
+SWEEP_X = SWEEP + "x: {method_param: sparsity}\ny: fid\n"   # a complete sweep spec
 
 
 @pytest.fixture
@@ -73,33 +74,28 @@ def test_a_sweep_needs_one_method_parameter_as_x(figs, x):
                                f"got {yaml.safe_load('x: ' + x)['x']!r}")
 
 
-@pytest.mark.parametrize("methods", ["magnitude", "[magnitude, 3]", "{magnitude: 1}"])
-def test_a_sweeps_methods_are_a_list_of_names(figs, methods):
+@pytest.mark.parametrize("key, value, want", [
+    ("methods", "magnitude", "a list of method names"), ("methods", "[magnitude, 3]", "a list of method names"),
+    ("methods", "{magnitude: 1}", "a list of method names"),
+    ("series", "'{method}'", "a list of labels such as '{method} + ft'"),
+    ("series", "['{method}', 3]", "a list of labels such as '{method} + ft'")])
+def test_a_sweeps_methods_and_series_are_lists_of_names(figs, key, value, want):
     import yaml
-    folder = figs(bad=SWEEP + f"x: {{method_param: sparsity}}\ny: fid\nmethods: {methods}\n")
-    assert _refused("bad") == (f"{folder / 'bad.yaml'}: methods must be a list of method names, got "
-                               f"{yaml.safe_load('m: ' + methods)['m']!r}")
+    folder = figs(bad=SWEEP_X + f"{key}: {value}\n")
+    assert _refused("bad") == f"{folder / 'bad.yaml'}: {key} must be {want}, got {yaml.safe_load('v: ' + value)['v']!r}"
 
 
 def test_a_sweeps_methods_must_have_the_swept_parameter(figs):
-    folder = figs(bad=SWEEP + "x: {method_param: sparsity}\ny: fid\nmethods: [evar, lazyvar]\n",
-                  later=SWEEP + "x: {method_param: sparsity}\ny: fid\nmethods: [evar, ghostvar]\n")
+    folder = figs(bad=SWEEP_X + "methods: [evar, lazyvar]\n",
+                  later=SWEEP_X + "methods: [evar, ghostvar]\n")
     assert _refused("bad") == f"{folder / 'bad.yaml'}: method lazyvar has no parameter 'sparsity'"
     assert load_figure("later")["methods"] == ["evar", "ghostvar"]   # not implemented yet: checked once it is
 
 
-@pytest.mark.parametrize("series", ["'{method}'", "['{method}', 3]"])
-def test_a_sweeps_series_are_a_list_of_labels(figs, series):
-    import yaml
-    folder = figs(bad=SWEEP + f"x: {{method_param: sparsity}}\ny: fid\nseries: {series}\n")
-    assert _refused("bad") == (f"{folder / 'bad.yaml'}: series must be a list of labels such as '{{method}} + ft', "
-                               f"got {yaml.safe_load('s: ' + series)['s']!r}")
-
-
 def test_a_sweeps_yscale_is_linear_or_log(figs):
-    folder = figs(bad=SWEEP + "x: {method_param: sparsity}\ny: fid\nyscale: symlog\n",
-                  lin=SWEEP + "x: {method_param: sparsity}\ny: fid\nyscale: linear\n",
-                  log=SWEEP + "x: {method_param: sparsity}\ny: fid\nyscale: log\n")
+    folder = figs(bad=SWEEP_X + "yscale: symlog\n",
+                  lin=SWEEP_X + "yscale: linear\n",
+                  log=SWEEP_X + "yscale: log\n")
     assert _refused("bad") == f"{folder / 'bad.yaml'}: yscale must be linear or log, got 'symlog'"
     assert load_figure("lin")["yscale"] == "linear" and load_figure("log")["yscale"] == "log"
 
@@ -134,7 +130,7 @@ def test_gates_need_a_method_with_onset_and_ramp_and_a_mapping_where(figs):
 
 
 def test_a_spec_without_the_world_says_which_key_to_add(figs, tmp_path):
-    figs(sweep=SWEEP + "x: {method_param: sparsity}\ny: fid\n",
+    figs(sweep=SWEEP_X,
          nobench="title: t\nkind: sweep\nmodel: {paper: var-d16, tiny: tiny-var}\nx: {method_param: sparsity}\ny: fid\n",
          gates="title: t\nkind: gates\nmodel: {tiny: tiny-var}\nmethod: psad\n")
     for name, key in (("sweep", "model"), ("gates", "model")):
@@ -159,7 +155,7 @@ def _empty(figs, tmp_path, text):
 
 def test_an_empty_sweep_says_what_it_looked_for_and_how_to_make_it(figs, tmp_path):
     where = tmp_path / "none" / "tiny"
-    assert _empty(figs, tmp_path, SWEEP + "x: {method_param: sparsity}\ny: fid\n") == (
+    assert _empty(figs, tmp_path, SWEEP_X) == (
         f"figure e: no shapes-c2i records of tiny-var with fid whose method chain sets sparsity under {where} "
         f"(make them with e.g. `varbench run --model tiny-var --bench shapes-c2i --method 'evar:sparsity=…'` or "
         f"`varbench sweep`)")
@@ -182,7 +178,7 @@ def test_an_empty_sweep_names_the_methods_not_implemented_and_the_series_left_ou
     for methods in (["magnitude:sparsity=0.2", "ft"], ["magnitude:sparsity=0.2", "kd"]):
         spec = make_spec("tiny-var", methods, bench="shapes-c2i", need_ckpt=False)
         write_record(spec.path(root), make_record(spec, {"fid": {"value": 3.0}}, {}, {"total_s": 1.0}))
-    msg = _empty(figs, tmp_path, SWEEP + "x: {method_param: sparsity}\ny: fid\nmethods: [ghostvar, magnitude, nullvar]\n"
+    msg = _empty(figs, tmp_path, SWEEP_X + "methods: [ghostvar, magnitude, nullvar]\n"
                  "series: ['{method}']\n")
     assert msg == (f"figure e: no shapes-c2i records of tiny-var with fid whose method chain sets sparsity of ghostvar, "
                    f"magnitude, nullvar under {root / 'tiny'}; ghostvar, nullvar: not implemented in varbench yet (not "

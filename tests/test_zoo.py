@@ -21,6 +21,13 @@ def _same(module, path, entry=None):
         assert torch.equal(own[k], v.to(own[k].dtype)), k
 
 
+def _copy_shipped(card, folder):
+    """The card's shipped files and their manifest, copied into ``folder``."""
+    for name, path in card.files().items():
+        (folder / name).write_bytes(path.read_bytes())
+    (folder / "manifest.json").write_text((card.folder() / "manifest.json").read_text())
+
+
 def test_tiny_var_loads_its_shipped_files_exactly():
     card = MODELS.get("tiny-var")
     gen = card()
@@ -64,9 +71,7 @@ def test_cards_build_random_generators_of_their_config():
 
 def test_a_changed_tiny_file_is_refused_before_loading(tmp_path):
     card = MODELS.get("tiny-var")
-    for name, path in card.files().items():
-        (tmp_path / name).write_bytes(path.read_bytes())
-    (tmp_path / "manifest.json").write_text((card.folder() / "manifest.json").read_text())
+    _copy_shipped(card, tmp_path)
     assert card(tmp_path).name == "tiny-var"                 # an exact copy loads
     data = bytearray((tmp_path / card.var_file).read_bytes())
     data[-1] ^= 1
@@ -107,9 +112,7 @@ def test_the_hart_card_lists_its_missing_weights_before_the_text_model(tmp_path)
 
 def test_a_changed_tiny_t2i_file_is_refused(tmp_path):
     card = MODELS.get("tiny-t2i")
-    for name, path in card.files().items():
-        (tmp_path / name).write_bytes(path.read_bytes())
-    (tmp_path / "manifest.json").write_text((card.folder() / "manifest.json").read_text())
+    _copy_shipped(card, tmp_path)
     assert card.identity(tmp_path) == card.identity()
     (tmp_path / card.inf_file).write_bytes(b"retrained")
     with pytest.raises(CheckpointError, match=card.inf_file):
@@ -126,9 +129,7 @@ def test_a_t2i_cards_image_size_is_its_images_height():
 
 def test_a_changed_tiny_t2i_file_is_refused_before_loading(tmp_path):
     card = MODELS.get("tiny-t2i")
-    for name, path in card.files().items():
-        (tmp_path / name).write_bytes(path.read_bytes())
-    (tmp_path / "manifest.json").write_text((card.folder() / "manifest.json").read_text())
+    _copy_shipped(card, tmp_path)
     data = bytearray((tmp_path / card.inf_file).read_bytes())
     data[-1] ^= 1                                                    # still a loadable file, but not the shipped one
     (tmp_path / card.inf_file).write_bytes(bytes(data))
