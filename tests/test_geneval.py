@@ -273,6 +273,11 @@ def test_bench_labels_and_n():
     for bad in (0, 6, b.default_n + 4, True):
         with pytest.raises(ValueError, match="4 images per prompt"):
             b.check_n(bad)
+    with pytest.raises(ValueError) as e:
+        b.check_n(-4)
+    full = b.default_n
+    assert str(e.value) == (f"--n -4: shapes-geneval takes 4 images per prompt, a positive multiple of 4 up to {full} "
+                            f"(all {len(b.rows())} prompts, the default)")
 
 
 def test_cli_import_and_bad_options(tmp_path, capsys):

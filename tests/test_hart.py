@@ -22,7 +22,7 @@ import torch
 
 from bench.checkpoint import CheckpointMismatch, load_strict
 from bench.models.hart import HART, apply_rope, image_positions, rope_1d, rope_2d
-from bench.models.hart_config import LLM_REQUIRED, HARTConfig, HARTConfigError
+from bench.models.hart_config import LLM_REQUIRED, TOKENIZER_REQUIRED, HARTConfig, HARTConfigError
 from bench.models.hart_diffusion import space_timesteps
 from bench.models.hart_vae import HARTTokenizer
 
@@ -270,10 +270,14 @@ def test_from_pretrained_dir_names_every_missing_flag(tmp_path):
     with pytest.raises(HARTConfigError) as e:
         HARTConfig.from_pretrained_dir(tmp_path)
     msg = str(e.value)
-    for flag in ("depth", "patch_nums", "disable_aln", "vocab_size", "v_patch_nums"):
-        assert flag in msg, flag
-    assert "llm/config.json" in msg and "tokenizer/config.json" in msg
-    assert "embed_dim" not in msg and all(f in LLM_REQUIRED for f in ("depth", "patch_nums", "disable_aln"))
+    llm = ", ".join(f for f in LLM_REQUIRED if f in ("depth", "patch_nums", "disable_aln"))
+    tok = ", ".join(f for f in TOKENIZER_REQUIRED if f in ("vocab_size", "v_patch_nums"))
+    assert msg == ("HART config incomplete (varbench does not guess architecture flags):\n"
+                   f"  {tmp_path / 'llm' / 'config.json'}: missing {llm}\n"
+                   f"  {tmp_path / 'tokenizer' / 'config.json'}: missing {tok}")
+    assert len(llm.split(", ")) == 3 and len(tok.split(", ")) == 2 and "embed_dim" not in msg
+    with pytest.raises(HARTConfigError, match="depth"):   # a str path (the CLI's) reads the same files
+        HARTConfig.from_pretrained_dir(str(tmp_path))
 
 
 def test_unsupported_flags_are_refused(tmp_path):

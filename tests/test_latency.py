@@ -48,8 +48,16 @@ def test_protocol_carries_the_setting_and_round_trips():
     for kw, msg in ((dict(batch=0), "--batch 0"), (dict(warmup=0), "--warmup 0"), (dict(threads=0), "--threads 0")):
         with pytest.raises(ValueError, match=msg):
             LatencyBench(**kw)
-    with pytest.raises(ValueError, match="at least 3"):
+    assert LatencyBench.args_from_protocol(p) == {"device": "cuda", "batch": 4, "compile": True, "warmup": 3}
+    assert LatencyBench.args_from_protocol(None) == {}
+    coreml = LatencyBench(device="coreml", compute_units="CPU_ONLY", precision="fp32", threads=1)
+    args = LatencyBench.args_from_protocol(coreml.identity())
+    assert args == {"device": "coreml", "batch": 1, "compile": False, "warmup": 2, "compute_units": "CPU_ONLY",
+                    "precision": "fp32"}
+    assert LatencyBench(**args).identity() == coreml.identity()
+    with pytest.raises(ValueError) as e:
         LatencyBench.check_n(2)
+    assert str(e.value) == "--reps 2: at least 3 timed generations are needed for a median and an IQR"
 
 
 class _Logged:

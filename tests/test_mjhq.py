@@ -128,6 +128,15 @@ def test_shapes_mjhq_prompts_are_the_reference_scenes_captions():
     for bad in (0, 7, 3006, 2.0, True):
         with pytest.raises(ValueError, match="multiple of 6 up to 3000"):
             b.check_n(bad)
+    with pytest.raises(ValueError) as e:
+        b.check_n(-6)
+    assert str(e.value) == ("--n -6: shapes-mjhq takes one image per prompt, the same number from each of its 6 "
+                            "categories: a positive multiple of 6 up to 3000 (the default)")
+    assert b.check_n(3000) == 3000 and b.check_n(6) == 6
+
+    class OneCategory(type(b)):   # n = 1 is a whole multiple of one category
+        categories, default_n = ("scenes",), 3
+    assert OneCategory.check_n(1) == 1 and OneCategory.check_n(3) == 3
     table = b.prompt_table()
     assert list(table.columns) == ["id", "category", "prompt"] and len(table) == 3000
     assert list(table["id"][:3]) == ["ref-00000", "ref-00001", "ref-00002"] and table["id"].iloc[-1] == "ref-02999"

@@ -339,6 +339,7 @@ SURFACE_TARGETS = [(m, fn, tests) for m, fns, tests in [
     ("bench.commands.common", ["human", "takes_prompts", "prompt_models", "sampling_overrides", "device_for",
                                "load_records", "age", "parse_seed"],
      _SURFACE + ["tests/test_leaderboard.py", "tests/test_t2i.py::test_sample_cli_bad_inputs", "tests/test_cli_prompts.py"]),
+    ("bench.cli", ["main", "_dispatch"], _SURFACE),
     ("bench.commands.models", ["cmd_list"], _SURFACE),
     ("bench.commands.models", ["cmd_info", "_kv_row", "_print_info"], _INFO),
     ("bench.commands.models", ["_on_meta"], _INFO_T2I + _INFO_HART),
