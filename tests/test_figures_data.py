@@ -748,3 +748,27 @@ def test_table_bars_data_takes_values_run_ids_and_the_reference_from_the_records
     assert [(by[r]["value"], by[r]["stderr"], by[r]["run_id"], by[r]["absent"]) for r in ids] == [
         (1.4, 0.1, ids["Dense Baseline"], None), (6.1, 0.1, ids["First scale only"], None)]
     assert {b["group"] for b in data["bars"]} == {data["table"]["groups"][0]["label"]}
+
+
+def test_table_bars_data_from_a_current_and_a_stale_record():
+    import dataclasses
+
+    from bench.figures import table_bars_data
+    from bench.plan import table_cells
+    from bench.records import make_record
+    from bench.render import load_spec
+    cells = {c.row: c for c in table_cells(load_spec("evar-table1"), "tiny", need_ckpt=False)}
+    dense = make_record(cells["VAR-d16"].spec, {"fid": {"value": 12.5, "stderr": 0.5}}, {}, {})
+    sparse = cells["VAR-d16 (40% sparse)"].spec
+    old = dataclasses.replace(sparse, method_versions={**sparse.method_versions, "evar": 0})   # an older EVAR
+    assert old.key() != sparse.key()
+    stale = make_record(old, {"fid": 30.0}, {}, {})
+    data = table_bars_data({"name": "t1", "table": "evar-table1", "y": "fid"},
+                           {r["run_id"]: r for r in (dense, stale)}, "tiny")
+    bars = {b["row"]: b for b in data["bars"]}
+    assert (bars["VAR-d16"]["value"], bars["VAR-d16"]["stderr"], bars["VAR-d16"]["run_id"], bars["VAR-d16"]["absent"]) \
+        == (12.5, 0.5, dense["run_id"], None)
+    assert data["reference"] == 12.5
+    assert bars["VAR-d16 (40% sparse)"]["value"] is None
+    assert bars["VAR-d16 (40% sparse)"]["absent"] == "only a stale record (rerun with `varbench table evar-table1`)"
+    assert bars["VAR-d16 (20% sparse)"]["absent"] == "no record yet (`varbench table evar-table1 --world tiny`)"
