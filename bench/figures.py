@@ -36,7 +36,8 @@ One point per record of ``bench`` (model fixed) whose resolved chain holds a met
 y = the metric, error bar = its stderr (none drawn where the record has none). One line per
 *series* = the chain with the x parameter removed, so ``magnitude:…,sparsity=0.2`` and ``…=0.4``
 share a line and ``… + ft`` is another; points sorted by x, the newest record winning where a series
-has two at one x. Colour = the swept method (with its non-default parameters), line style and
+has two at one x (newest everywhere here: the later ``created``, then the larger run id, for records
+of one second: a figure does not depend on the order its records were read in). Colour = the swept method (with its non-default parameters), line style and
 marker = the rest of the chain; labels show only parameters that differ from the methods' YAML
 defaults (``evar (calib=first) + ft (epochs=2.0)``); ``series`` keeps only the series whose label
 is one of its patterns, and the note under the figure counts those left out. The dense record (empty chain) is a dashed
@@ -86,7 +87,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import yaml
 
@@ -209,6 +210,12 @@ def _where(root, world: str) -> str:
     return str(results_root(root) / world)
 
 
+def _newer(a: Mapping, b: Optional[Mapping]) -> bool:
+    """Whether record (or point) ``a`` replaces ``b``: the later ``created``; records of one second are
+    ordered by run id, so that a figure does not depend on the order the records were read in."""
+    return b is None or (a["created"], a["run_id"]) > (b["created"], b["run_id"])
+
+
 def _point(rec, metric: str) -> dict:
     m = rec["metrics"][metric]
     return {"y": float(m["value"]), "yerr": m.get("stderr"), "n": rec["spec"]["n"], "run_id": rec["run_id"],
@@ -229,12 +236,11 @@ def _latency_records(records, world, model, setting) -> Tuple[Dict[str, dict], i
         p = s.get("protocol") or {}
         if all(p.get(k) == v for k, v in (setting or {}).items()):
             run = runs.setdefault(timing_group(rec) or rec["run_id"], {})
-            prev = run.get(_chain(rec))
-            if prev is None or rec["created"] > prev["created"]:
+            if _newer(rec, run.get(_chain(rec))):
                 run[_chain(rec)] = rec
     if not runs:
         return {}, 0
-    best = max(runs.values(), key=lambda run: (len(run), max(r["created"] for r in run.values())))
+    best = max(runs.values(), key=lambda run: (len(run), max((r["created"], r["run_id"]) for r in run.values())))
     return best, len(set().union(*runs.values()) - set(best))
 
 
@@ -268,8 +274,8 @@ def pareto_points(spec, records, world, lat: Optional[Dict[str, dict]] = None) -
             continue
         m = rec["metrics"][y]
         p = {"chain": chain, "label": _short(chain), "x": float(x), "xerr": xerr, "y": float(m["value"]),
-             "yerr": m.get("stderr"), "n": s["n"], "created": rec["created"]}
-        if chain not in best or p["created"] > best[chain]["created"]:
+             "yerr": m.get("stderr"), "n": s["n"], "created": rec["created"], "run_id": rec["run_id"]}
+        if _newer(p, best.get(chain)):
             best[chain] = p
     return sorted(best.values(), key=lambda p: p["x"])
 
@@ -324,8 +330,9 @@ def _draw_pareto(spec, records, world, root, plt):
                     label=None if key in seen else " + ".join(x for x in (parts[0], rec) if x))
         seen.add(key)
     front = pareto_front(pts, lower)
-    ax.plot([p["x"] * scale for p in front], [p["y"] for p in front], "--", color="0.5", lw=1, zorder=0,
-            label="Pareto front")
+    if len(front) > 1:   # a front of one point is no line: no legend entry for it either
+        ax.plot([p["x"] * scale for p in front], [p["y"] for p in front], "--", color="0.5", lw=1, zorder=0,
+                label="Pareto front")
     for p in front:
         ax.annotate(p["label"], (p["x"] * scale, p["y"]), textcoords="offset points", xytext=(4, 4), fontsize=6.5)
     ax.legend(frameon=False, fontsize=6.5, ncol=2, loc="upper right")
@@ -406,7 +413,7 @@ def sweep_series(spec, records, world) -> Tuple[List[dict], Optional[dict], List
             continue
         point = _point(rec, y)
         if not s["methods"]:
-            dense = point if dense is None or point["created"] > dense["created"] else dense
+            dense = point if _newer(point, dense) else dense
             continue
         hit = _swept(s["methods"], param, only)
         if hit is None:
@@ -419,7 +426,7 @@ def sweep_series(spec, records, world) -> Tuple[List[dict], Optional[dict], List
             off_axis.add(describe(s["methods"][:i] + [format_method(name, params)] + s["methods"][i + 1:]))
             continue
         key = (tuple(s["methods"][:i]), swept, tuple(s["methods"][i + 1:]))
-        if (key, point["x"]) not in best or point["created"] > best[key, point["x"]]["created"]:
+        if _newer(point, best.get((key, point["x"]))):
             best[key, point["x"]] = point
     grouped: Dict[tuple, List[dict]] = {}
     for (key, _), p in best.items():

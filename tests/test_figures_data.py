@@ -57,6 +57,11 @@ def test_the_newest_record_of_a_point_and_of_the_dense_model_wins(order):
             _rec("d-new", [], 1.0, created="2026-01-01T00:00:00+00:00")]
     series, dense, _ = sweep_series(SWEEP, _records(*recs[::order]), "tiny")
     assert _xy(series) == {"evar": [(0.2, 2.0)]} and (dense["y"], dense["run_id"]) == (1.0, "d-new")
+    # records of one second: the larger run id, whatever the order they were read in
+    same = [_rec("p2", ["evar:sparsity=0.2"], 3.0), _rec("p1", ["evar:sparsity=0.2"], 4.0), _rec("d2", [], 5.0),
+            _rec("d1", [], 6.0)]
+    series, dense, _ = sweep_series(SWEEP, _records(*same[::order]), "tiny")
+    assert _xy(series) == {"evar": [(0.2, 3.0)]} and dense["run_id"] == "d2"
 
 
 def test_methods_keep_only_the_chains_that_sweep_one_of_them():
@@ -281,6 +286,9 @@ def test_the_newest_record_of_a_chain_in_a_run_and_the_newest_of_equal_runs_win(
             _lat("z", ["stepvar"], 50.0, "i", created="2026-04-01T00:00:00+00:00")]
     assert _picked(recs[::order]) == ({"dense": "x", "fastvar": "y"}, 2)   # g and h time two chains; h is newer
     assert _picked([r for r in recs if r[0] not in "xy"][::order]) == ({"dense": "new", "tome": "t"}, 1)
+    # one second: the larger run id of a chain in a run, and of two runs' newest records
+    assert _picked([_lat("a1", [], 100.0, "g"), _lat("a2", [], 90.0, "g")][::order]) == ({"dense": "a2"}, 0)
+    assert _picked([_lat("b1", [], 100.0, "g"), _lat("b2", ["tome"], 90.0, "h")][::order]) == ({"tome": "b2"}, 1)
 
 
 def test_the_note_counts_the_chains_left_out():
@@ -344,6 +352,8 @@ def test_pareto_takes_the_newest_record_of_a_chain(order):
     recs = [_q("a", ["tome"], 5.0, 1e9, created="2026-01-01T00:00:00+00:00"),
             _q("b", ["tome"], 4.0, 1.1e9, created="2026-02-01T00:00:00+00:00")]
     assert _pts(PARETO, recs[::order]) == [("tome", 1.1e9, None, 4.0)]
+    same = [_q("c", ["tome"], 5.0, 1e9), _q("d", ["tome"], 4.0, 1.1e9)]   # one second: the larger run id
+    assert _pts(PARETO, same[::order]) == [("tome", 1.1e9, None, 4.0)]
 
 
 def test_pareto_points_by_latency_from_the_given_or_the_recorded_run():
@@ -772,3 +782,13 @@ def test_table_bars_data_from_a_current_and_a_stale_record():
     assert bars["VAR-d16 (40% sparse)"]["value"] is None
     assert bars["VAR-d16 (40% sparse)"]["absent"] == "only a stale record (rerun with `varbench table evar-table1`)"
     assert bars["VAR-d16 (20% sparse)"]["absent"] == "no record yet (`varbench table evar-table1 --world tiny`)"
+
+
+def test_a_front_of_one_point_is_labelled_but_draws_no_line():
+    recs = _records(_q("a", [], 1.5, 2e9), _q("b", ["magnitude:sparsity=0.4"], 1.6, 2.5e9))   # dense dominates
+    fig, _ = _draw(PARETO, recs)
+    ax = fig.axes[0]
+    assert [ln.get_label() for ln in ax.lines if ln.get_label() == "Pareto front"] == []
+    assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == ["dense", "magnitude"]
+    assert [(t.get_text(), t.xy) for t in ax.texts] == [("dense", (2.0, 1.5))]
+    fig.clf()

@@ -374,7 +374,7 @@ _FIG_P, _FIG_A = "tests/test_figures.py", "tests/test_figures_ablation.py"   # p
 _FIG_S = ["tests/test_figures_specs.py", "tests/test_figures_data.py"]   # spec checks, hand-made records: ~2 s, first
 FIGURE_TARGETS = [(m, fn, tests) for m, fns, tests in [
     ("bench.figures", ["figures_dir", "figure_names", "load_figure", "_for_world", "_check_metric", "_chain", "_short",
-                       "_defaults", "describe", "_ylabel", "_where", "_point", "_style", "figure", "render"],
+                       "_defaults", "describe", "_ylabel", "_where", "_newer", "_point", "_style", "figure", "render"],
      _FIG_S + [_FIG_P, _FIG_A]),
     ("bench.figures", ["_latency_records", "_left_out", "pareto_points", "pareto_front", "_check_pareto", "_draw_pareto",
                        "_draw_scale_latency"], _FIG_S + [_FIG_P]),
