@@ -36,7 +36,7 @@ scale that runs the blocks costs a fixed time whatever its tokens (reading every
 per-op overhead of small matrices, the scale's sampling step; var-d16 at batch 1 on 2 CPU cores: 87 ms,
 of which reading the blocks' 0.81 GB of fp32 weights at the 23 GB/s a sum over memory reaches there is
 about 35 ms). The report fits
-t_s = a + b·F_s to the first configuration's scales 2…K and predicts each configuration with the same
+t_s = a + b·F_s to the first configuration's scales 1…K−1 and predicts each configuration with the same
 weights from its own per-scale FLOPs and passes; measured time over predicted time near 1 says a
 method's gathers, scoring and restores cost nothing beyond the FLOPs it keeps. It then prints each
 configuration's scales speed-up as a share of its FLOPs ratio (the criterion: ≥ 0.85) and the fixed
@@ -580,9 +580,9 @@ def report(specs, records, labels: Sequence[str]) -> str:
     model = pass_model(base["cost"])
     if model is not None:
         a, b, r2 = model
-        lines.append(f"pass-cost model from the first configuration's scales 2…K: t = {a:.1f} ms per pass through the "
+        lines.append(f"pass-cost model from the first configuration's scales 1…K−1: t = {a:.1f} ms per pass through the "
                      f"blocks + {b:.2f} ms/GFLOP (R² {r2:.3f}); what each configuration would take if its passes "
-                     f"cost what the first's do at the same FLOPs (scale 1 as measured for the first; same weights only):")
+                     f"cost what the first's do at the same FLOPs (scale 0 as measured for the first; same weights only):")
         against = []   # every other configuration against the FLOPs-ratio criterion
         for i, (lab, rec) in enumerate(zip(labels, records)):
             pred = predicted_scales_ms(rec["cost"], base["cost"], a, b)
@@ -612,7 +612,7 @@ def _criterion_text(cost: dict, base_cost: dict, scales_ms: float, b: float) -> 
     if lo > hi:
         at0 = predicted_scales_ms(base_cost, base_cost, 0.0, b) / predicted_scales_ms(cost, base_cost, 0.0, b)
         need = (f"would not meet it at any fixed cost: with none it predicts {at0:.2f}× where "
-                f"{(1 - FLOPS_TOL) * flops_ratio:.2f}× is needed (scale 1, taken as measured, costs "
+                f"{(1 - FLOPS_TOL) * flops_ratio:.2f}× is needed (scale 0, taken as measured, costs "
                 f"{base_cost['per_scale_ms'][0]:.0f} ms in both)")
     else:
         # pass_cost_span's spans start at 0 or end at inf (the condition is linear in a)
@@ -625,7 +625,7 @@ def _criterion_text(cost: dict, base_cost: dict, scales_ms: float, b: float) -> 
 
 def pass_model(base_cost: dict):
     """Least-squares fit t_s = a + b·F_s of the per-scale times (ms) against the per-scale FLOPs (GFLOPs)
-    over scales 2…K of a configuration that passes every scale through the blocks (scale 1 also holds the
+    over scales 1…K−1 of a configuration that passes every scale through the blocks (scale 0 also holds the
     condition's setup, e.g. the text encoder): (a, b, R²), or None when the record lacks the breakdown.
     ``a`` is what a scale that runs the blocks costs whatever its tokens (weights read, per-op overhead,
     its sampling step), which the FLOPs ratio leaves out."""
@@ -661,7 +661,7 @@ def pass_cost_span(cost: dict, base_cost: dict, b: float, tol: float = None) -> 
 
 
 def predicted_scales_ms(cost: dict, base_cost: dict, a: float, b: float) -> Optional[float]:
-    """A configuration's scales time under the pass-cost model: scale 1 as the base measured it, every
+    """A configuration's scales time under the pass-cost model: scale 0 as the base measured it, every
     later scale b·F_s, plus a if it starts a pass (``scale_passes``)."""
     f, passes = cost.get("scale_flops"), cost.get("scale_passes")
     if not f or passes is None or len(passes) != len(f):

@@ -522,12 +522,12 @@ def test_pass_cost_span_is_where_the_predicted_speed_up_reaches_the_criterion():
     # the same passes and a FLOPs ratio near 1: any fixed cost does (every pass is paid by both)
     light = {**base, "scale_flops": [0.1e9, 1e9, 2e9, 4e9, 7e9], "flops": 14.1e9}
     assert pass_cost_span(light, base, b) == (0.0, np.inf)
-    # fewer passes but the FLOP-proportional time alone falls short (scale 1 caps it): none
+    # fewer passes but the FLOP-proportional time alone falls short (scale 0 caps it): none
     tiny = {"scale_flops": [0.1e9, 1e6, 0, 0, 0], "scale_passes": [True, True, False, False, False], "flops": 0.101e9}
     lo, hi = pass_cost_span(tiny, base, b)
     assert lo > hi
     assert pass_cost_span({"flops": 1e9}, base, b) is None      # an older record without the breakdown
-    # fewer passes, most FLOPs saved where the model charges no time (scale 1 is taken as measured):
+    # fewer passes, most FLOPs saved where the model charges no time (scale 0 is taken as measured):
     # only a large enough fixed cost per pass makes the saved passes pay
     heavy = {**base, "scale_flops": [10e9, 1e9, 2e9, 4e9, 8e9], "flops": 25e9}
     fewer = {"scale_flops": [0.1e9, 1e9, 14e9, 0, 0], "scale_passes": [True, True, True, False, False], "flops": 15.1e9}

@@ -64,9 +64,9 @@ def test_the_report_in_full_with_the_pass_cost_model():
         "  group                            0 7 8 0 0 | decode 1 | scales 16 ms, 3.26×",
         "  light                            0 7 9 13 19 | decode 1 | scales 48 ms, 1.04×",
         "  a-very-long-configuration-label- 0 7 9 13 19 | decode 1 | scales 48 ms, 1.04×",
-        "pass-cost model from the first configuration's scales 2…K: t = 5.0 ms per pass through the blocks + "
+        "pass-cost model from the first configuration's scales 1…K−1: t = 5.0 ms per pass through the blocks + "
         "2.00 ms/GFLOP (R² 1.000); what each configuration would take if its passes cost what the first's do at "
-        "the same FLOPs (scale 1 as measured for the first; same weights only):",
+        "the same FLOPs (scale 0 as measured for the first; same weights only):",
         "  dense                            predicted 51 ms, 1.00× (measured 1.00×: 1.00 of predicted time)",
         "  group                            predicted 15 ms, 3.30× (measured 3.26×: 1.01 of predicted time)",
         "  light                            predicted 49 ms, 1.04× (measured 1.04×: 1.00 of predicted time)",
@@ -101,8 +101,8 @@ def test_the_report_of_compiled_and_core_ml_runs_without_a_breakdown_model():
 
 
 def test_report_criterion_text_when_a_fixed_cost_helps_and_when_nothing_does():
-    """b = 1 ms/GFLOP, scale 1 costs 0 ms; the base's scale 1 holds half its FLOPs (8 GFLOPs in all), the
-    configuration has 2.2 GFLOPs: k = 0.85·8/2.2. With one pass after scale 1 (P = 1 < P_base / k) a fixed
+    """b = 1 ms/GFLOP, scale 0 costs 0 ms; the base's scale 0 holds half its FLOPs (8 GFLOPs in all), the
+    configuration has 2.2 GFLOPs: k = 0.85·8/2.2. With one pass after scale 0 (P = 1 < P_base / k) a fixed
     cost a ≥ (k·2.2 − 4) / (4 − k) would meet the criterion; with two passes (4 − 2k < 0) no a ≥ 0 does."""
     from bench.latency import _criterion_text
     base = {"flops": 8e9, "scale_flops": [4e9, 1e9, 1e9, 1e9, 1e9], "scale_passes": [True] * 5,
@@ -114,7 +114,7 @@ def test_report_criterion_text_when_a_fixed_cost_helps_and_when_nothing_does():
     assert _criterion_text(one, base, 2.0, 1.0) == share + f"would meet it with ≥ {(k * 2.2 - 4) / (4 - k):.1f} ms per pass"
     assert f"{(k * 2.2 - 4) / (4 - k):.1f}" == "3.1"
     assert _criterion_text(two, base, 2.0, 1.0) == share + (
-        "would not meet it at any fixed cost: with none it predicts 1.82× where 3.09× is needed (scale 1, taken as "
+        "would not meet it at any fixed cost: with none it predicts 1.82× where 3.09× is needed (scale 0, taken as "
         "measured, costs 0 ms in both)")                                          # 4 / 2.2 and k
     assert _criterion_text(one, base, 0.55, 1.0).startswith("2.00 of its FLOPs ratio (meets the criterion)")
 
