@@ -37,12 +37,13 @@ y = the metric, error bar = its stderr (none drawn where the record has none). O
 *series* = the chain with the x parameter removed, so ``magnitude:…,sparsity=0.2`` and ``…=0.4``
 share a line and ``… + ft`` is another; points sorted by x, the newest record winning where a series
 has two at one x (newest everywhere here: the later ``created``, then the larger run id, for records
-of one second: a figure does not depend on the order its records were read in). Colour = the swept method (with its non-default parameters), line style and
-marker = the rest of the chain; labels show only parameters that differ from the methods' YAML
-defaults (``evar (calib=first) + ft (epochs=2.0)``); ``series`` keeps only the series whose label
-is one of its patterns, and the note under the figure counts those left out. The dense record (empty chain) is a dashed
-horizontal line with a ±stderr band, not a point: the parameter's no-op value differs between
-parameters (sparsity 0, a keep ratio 1) and the dense model is the same at every x. With no data the
+of one second: a figure does not depend on the order its records were read in). Colour = the swept
+method (with its non-default parameters), line style and marker = the rest of the chain; labels
+show only parameters that differ from the methods' YAML defaults (``evar (calib=first) + ft
+(epochs=2.0)``); ``series`` keeps only the series whose label is one of its patterns, and the note
+under the figure counts those left out. The dense record (empty chain) is a dashed horizontal line
+with a ±stderr band, not a point: the parameter's no-op value differs between parameters
+(sparsity 0, a keep ratio 1) and the dense model is the same at every x. With no data the
 error names the records looked for and, from the method registry, the ``methods`` that are not
 implemented yet.
 
