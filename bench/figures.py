@@ -342,6 +342,14 @@ def _draw_pareto(spec, records, world, root, plt):
     return fig, f"{spec['model'][world]} · {spec['bench'][world]} · n={pts[0]['n']} · {world} world" + _left_out(left_out)
 
 
+def _scales_hw(model: str, K: int) -> Optional[Tuple[Tuple[int, int], ...]]:
+    """The registered model's (h, w) per scale, when it has the ``K`` scales a record timed (else None:
+    the legend then names scales by index only)."""
+    from bench.registry import MODELS
+    hws = getattr(MODELS.get(model), "scales_hw", None) if model in MODELS else None
+    return hws if hws is not None and len(hws) == K else None
+
+
 @kind("scale_latency")
 def _draw_scale_latency(spec, records, world, root, plt):
     setting = spec.get("latency") or {}
@@ -355,10 +363,12 @@ def _draw_scale_latency(spec, records, world, root, plt):
     chains = sorted(lat, key=lambda c: (c != "dense", -sum(lat[c]["cost"]["per_scale_ms"]) - lat[c]["cost"]["decode_ms"]))
     K = max(len(lat[c]["cost"]["per_scale_ms"]) for c in chains)
     colors = [plt.cm.viridis(i / max(K - 1, 1)) for i in range(K)]
+    hws = _scales_hw(spec["model"][world], K)
     for j, c in enumerate(chains):
         cost, bottom = lat[c]["cost"], 0.0
         for si, v in enumerate(cost["per_scale_ms"]):
-            ax.bar(j, v, bottom=bottom, color=colors[si], label=f"scale {si}" if j == 0 else None, width=0.6)
+            ax.bar(j, v, bottom=bottom, color=colors[si], width=0.6,
+                   label=(f"scale {si}" + (f" ({hws[si][0]}×{hws[si][1]})" if hws else "")) if j == 0 else None)
             bottom += v
         ax.bar(j, cost["decode_ms"], bottom=bottom, color="0.75", hatch="//", label="decode" if j == 0 else None,
                width=0.6)

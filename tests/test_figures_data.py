@@ -618,6 +618,19 @@ def test_scale_latency_stacks_each_chains_scales_then_the_decode():
     assert note == "tiny-var · cpu · batch 1 · tiny world"
 
 
+def test_scales_are_named_by_their_size_when_the_record_has_the_models_scales():
+    spec = {"name": "s", "kind": "scale_latency", "model": {"tiny": "tiny-t2i"}, "latency": {}}
+    _, rec = _lat("a", [], 100.0, "g", model="tiny-t2i")
+    rec["cost"] = {"per_scale_ms": [1.0, 2.0, 3.0, 4.0, 5.0], "decode_ms": 3.0}
+    fig, _ = _draw(spec, {"a": rec})
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [
+        "scale 0 (1×1)", "scale 1 (2×2)", "scale 2 (4×4)", "scale 3 (6×6)", "scale 4 (8×8)", "decode"]
+    rec["cost"]["per_scale_ms"] = [1.0, 2.0, 3.0, 4.0]   # not the model's five scales: by index only
+    fig, _ = _draw(spec, {"a": rec})
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [
+        "scale 0", "scale 1", "scale 2", "scale 3", "decode"]
+
+
 def test_one_scale_is_drawn_in_the_first_colour():
     import matplotlib
     from matplotlib.colors import to_hex

@@ -67,6 +67,19 @@ def test_cards_build_random_generators_of_their_config():
     assert t2i.build(text=False).text_encoder is None
     big = MODELS.get("infinity-2b").build(device="meta")
     assert big.text_encoder is None and next(big.parameters()).is_meta and len(big.infinity.cfg.scale_schedule) == 13
+    # a card's scales (read without building, e.g. by the figures) are its generator's
+    for c, g in ((card, gen), (MODELS.get("var-d16"), meta), (t2i, built), (MODELS.get("infinity-2b"), big)):
+        assert c.scales_hw == tuple(tuple(hw) for hw in g.scales_hw), c.name
+    assert MODELS.get("var-d16").scales_hw[-3:] == ((10, 10), (13, 13), (16, 16))
+    assert t2i.scales_hw == ((1, 1), (2, 2), (4, 4), (6, 6), (8, 8))
+
+
+def test_the_hart_cards_scales_are_the_0_7b_generators(monkeypatch, tmp_path):
+    monkeypatch.setenv("VARBENCH_CKPT_DIR", str(tmp_path))   # no folder: the documented 0.7B config
+    card = MODELS.get("hart-0.7b")
+    gen = card.build(device="meta")
+    assert card.scales_hw == tuple(tuple(hw) for hw in gen.scales_hw)
+    assert len(card.scales_hw) == 14 and card.scales_hw[-1] == (64, 64)
 
 
 def test_a_changed_tiny_file_is_refused_before_loading(tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from bench import defaults
 from bench.checkpoint import check_manifest, ckpt_dir, locate_all, sha256
@@ -36,6 +36,11 @@ class ModelCard:
     @property
     def image_size(self) -> int:
         return self.vae_cfg.patch_nums[-1] * 2 ** (len(self.vae_cfg.ch_mult) - 1)
+
+    @property
+    def scales_hw(self) -> Tuple[Tuple[int, int], ...]:
+        """(h, w) of each scale's token map, coarse to fine (without building the model)."""
+        return tuple((pn, pn) for pn in self.var_cfg.patch_nums)
 
     def folder(self, ckpt_dir_: Optional[str | os.PathLike] = None) -> Path:
         """Where the files are: ``--ckpt-dir``, else (tiny) the shipped assets or (paper) the default folder."""
@@ -115,6 +120,10 @@ class T2ICard:
     def image_size(self) -> int:
         return self.inf_cfg.image_size[0]
 
+    @property
+    def scales_hw(self) -> Tuple[Tuple[int, int], ...]:
+        return tuple((h, w) for h, w in self.inf_cfg.scale_schedule)
+
     def folder(self, ckpt_dir_: Optional[str | os.PathLike] = None) -> Path:
         return ModelCard.folder(self, ckpt_dir_)
 
@@ -190,6 +199,12 @@ class HARTCard:
     def image_size(self) -> int:
         from bench.models.hart_config import HARTConfig
         return HARTConfig.hart_0_7b().image_size
+
+    @property
+    def scales_hw(self) -> Tuple[Tuple[int, int], ...]:
+        """HART-0.7B's scales (its released config's patch_nums, as the documented guess has them)."""
+        from bench.models.hart_config import HARTConfig
+        return tuple((pn, pn) for pn in HARTConfig.hart_0_7b().patch_nums)
 
     def files(self, ckpt_dir_: Optional[str | os.PathLike] = None) -> Dict[str, Path]:
         """``{"llm/<weights>": path, "tokenizer/<weights>": path}`` (the text model is checked on load)."""
