@@ -89,7 +89,7 @@ mutation: setup
 #                     numbers, the default folders and the package's data, the sample grid, the metric catalogue:
 #                     ~1270, two hours or more (two drivers on disjoint `--only` sets: about half)
 #   mutation-figures  the ablation and trade-off figures: points, Pareto fronts, sweep series, table bars, PSAD's gate
-#                     curves, the spec checks and empty-figure messages: ~1590, about two hours (two drivers: one)
+#                     curves, the spec checks and empty-figure messages: ~1470, about two hours (two drivers: one)
 #   mutation-cards    the models' configs and cards: official sizes, pruned block sizes, Infinity's scale schedules,
 #                     image sizes, where files are looked for and what a missing one says, strict loading, the
 #                     data's token pyramids: ~160, about half an hour

@@ -346,7 +346,7 @@ def _scales_hw(model: str, K: int) -> Optional[Tuple[Tuple[int, int], ...]]:
     """The registered model's (h, w) per scale, when it has the ``K`` scales a record timed (else None:
     the legend then names scales by index only)."""
     from bench.registry import MODELS
-    hws = getattr(MODELS.get(model), "scales_hw", None) if model in MODELS else None
+    hws = MODELS.get(model).scales_hw if model in MODELS else None   # every model card has them
     return hws if hws is not None and len(hws) == K else None
 
 
@@ -364,11 +364,11 @@ def _draw_scale_latency(spec, records, world, root, plt):
     K = max(len(lat[c]["cost"]["per_scale_ms"]) for c in chains)
     colors = [plt.cm.viridis(i / max(K - 1, 1)) for i in range(K)]
     hws = _scales_hw(spec["model"][world], K)
+    names = [f"scale {si}" + (f" ({hws[si][0]}×{hws[si][1]})" if hws else "") for si in range(K)]
     for j, c in enumerate(chains):
         cost, bottom = lat[c]["cost"], 0.0
         for si, v in enumerate(cost["per_scale_ms"]):
-            ax.bar(j, v, bottom=bottom, color=colors[si], width=0.6,
-                   label=(f"scale {si}" + (f" ({hws[si][0]}×{hws[si][1]})" if hws else "")) if j == 0 else None)
+            ax.bar(j, v, bottom=bottom, color=colors[si], label=names[si] if j == 0 else None, width=0.6)
             bottom += v
         ax.bar(j, cost["decode_ms"], bottom=bottom, color="0.75", hatch="//", label="decode" if j == 0 else None,
                width=0.6)
