@@ -67,7 +67,7 @@ mutation: setup
 	$(BIN)/python tests/mutation/run.py --summary
 
 # Mutation scores of the driver's groups (tests/mutation/run.py --GROUP; each function against its own tests,
-# results in mutants/GROUP-results.json, `--only NAME` runs one function). NOT part of `make test` or `make mutation`;
+# results in mutants/GROUP-results.json, tokens: token-results.json; `--only NAME` runs one function). NOT part of `make test` or `make mutation`;
 # sizes on 2 CPUs:
 #   mutation-tokens   the token methods (FastVAR, LazyVAR, StepVAR, ToMe): ~750 mutants, hours
 #   mutation-infra    table cells, the leaderboard, sharded merges, sweeps, fidelity metrics: ~900, about an hour

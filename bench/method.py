@@ -113,8 +113,10 @@ class StructuredPruner(Method):
 
     def __init__(self, **params: Any):
         super().__init__(**params)
-        if self.params.get("schedule", "uniform") != "log":   # a note about the log schedule is only true when it is used
-            self.deviations = tuple(d for d in type(self).deviations if not d.startswith("schedule=log"))
+        # a note about one schedule ("schedule=NAME …") is only true when that schedule is used
+        schedule = self.params.get("schedule", "uniform")
+        self.deviations = tuple(d for d in type(self).deviations
+                                if not d.startswith("schedule=") or d.startswith(f"schedule={schedule} "))
 
     def sparsities(self, gen: Generator) -> List[float]:
         return block_sparsities(len(gen.var.blocks), self.sparsity, self.params.get("schedule", "uniform"))

@@ -15,7 +15,7 @@ A record is one JSON object::
         "model": "tiny-var",            # registered model name
         "ckpt": {"tiny_vqvae.safetensors": "ab12…", "tiny_var.safetensors": "cd34…"},
                                         # sha256 of every weights file loaded (null: unknown, legacy)
-        "methods": ["magnitude:norm=l2,scope=coupled,sparsity=0.4", "ft:batch=64,epochs=1.0,lr=0.0005,wd=0.05"],
+        "methods": ["magnitude:norm=l2,schedule=uniform,scope=coupled,sparsity=0.4", "ft:batch=64,epochs=1.0,lr=0.0005,wd=0.05"],
                                         # the RESOLVED chain: every parameter, defaults filled in; [] = dense
         "method_versions": {"ft": 1, "magnitude": 1},   # each method's YAML `version:` (null: legacy)
         "bench": "shapes-c2i",          # registered bench name

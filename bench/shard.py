@@ -58,6 +58,7 @@ import torch
 from tqdm.auto import tqdm
 
 from bench.io import atomic_write, atomic_write_bytes
+from bench.launch import active, rank, world_size  # noqa: F401 (part of this module's API)
 
 SHARD_SUFFIX = ".shards"
 MODEL_FILE = "model.pt"
@@ -75,18 +76,7 @@ class ShardError(ValueError):
 # the launch
 
 
-def world_size() -> int:
-    """Ranks of this launch (torchrun's ``WORLD_SIZE``; 1 for a plain process)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def rank() -> int:
-    return int(os.environ.get("RANK", "0")) if active() else 0
-
-
-def active() -> bool:
-    """True when launched by torchrun with more than one rank."""
-    return world_size() > 1
+# world_size, rank, active: bench.launch (torch-free), imported above
 
 
 def setup(device: str) -> str:

@@ -13,12 +13,17 @@ What it does, block by block (layer-wise, on the inputs that the already pruned 
    n_i the scale-i tokens seen, w_i a decay weight favouring coarse scales, λ = percdamp·mean(diag H).
    Ablations (EVAR Tab. 3): ``first|fifth|last`` use the tokens of scale 0, 4 or K−1 only (the full
    pyramid is still run: later scales need earlier ones as context), ``concat`` the flat
-   H = (2/N) Σ x xᵀ over all tokens, which is what EVAR-code actually accumulates.
-3. Heads: ``bench.obs.struct_prune`` on ``proj`` with headsize = head dim (score(u) = Σ_{p∈u}
-   ‖W_:,p‖² / (H⁻¹)_pp with SlimGPT's grouped-Cholesky diagonal; one head per iteration; closed-form
-   compensation Δ = Σ_p W_:,p (H⁻¹)_p,: / (H⁻¹)_pp of the remaining ``proj`` columns); the compensated
-   ``proj`` is written, then the heads are removed physically (their q/k/v rows, biases and
-   ``scale_mul`` entries go without compensation, as official).
+   H = (2/N) Σ x xᵀ over all tokens, which is what EVAR-code accumulates up to a constant factor
+   (its N counts calibration sequences, not tokens: no effect on scores, damping or compensation).
+3. Heads: ``bench.obs.struct_prune`` on ``proj`` with headsize = head dim, as EVAR-code (its
+   ``OBS.struct_prune`` is SlimGPT's): score(u) = Σ_{p∈u} ‖W_:,p‖² / d_p² with d the diagonal of the
+   Cholesky factor of u's diagonal block of H⁻¹ (grouped Cholesky), one head per iteration, H reduced
+   and re-inverted between heads, and the compensation of the remaining ``proj`` columns applied
+   column by column through the Cholesky factor. The paper writes the one-shot form, score(u) =
+   Σ_{p∈u} ‖W_:,p‖² / (H⁻¹)_pp and Δ = Σ_p W_:,p (H⁻¹)_p,: / (H⁻¹)_pp; the code is followed (a
+   deviation from the paper's equations, listed below). The compensated ``proj`` is written, then the
+   heads are removed physically (their q/k/v rows, biases and ``scale_mul`` entries go without
+   compensation, as official).
 4. FFN: ``struct_prune`` on ``fc2`` with headsize 1 and Dynamic Group Size batches (the paper's
    "dynamic grouped pruning ... progressively decreasing group sizes"), then ``fc1`` rows / ``fc2``
    columns removed.
@@ -37,6 +42,9 @@ Deviations from the paper / EVAR-code (also in ``deviations``, i.e. table footno
 
 * the decay weights w_i are ours (above); EVAR-code's released pruning accumulates the flat Hessian
   (our ``calib=concat``), not H_pa;
+* heads are scored and compensated as EVAR-code does (step 3: grouped-Cholesky diagonal, one head per
+  iteration, sequential update), not by the paper's one-shot equations; FFN channels use (H⁻¹)_pp as
+  the paper writes, in EVAR-code's shrinking batches;
 * calibration conditions on the true class; EVAR-code leaves label dropout on while capturing the
   block-0 inputs, so ~10% of its calibration images get the null class at random;
 * Hessians are float64 sums of float32 per-batch Gram matrices and the OBS loop runs in float64
@@ -68,6 +76,8 @@ class EVAR(StructuredPruner):
     deviations = (
         "pyramid decay weights are ours (the paper gives none): linear 2.0→0.2 over the scales, EVAR-code's "
         "PSAD scale weights; the released EVAR-code accumulates the flat Hessian instead (calib=concat)",
+        "heads scored and compensated as EVAR-code (SlimGPT's grouped-Cholesky diagonal, one head per iteration, "
+        "H re-inverted between heads, sequential update), not by the paper's one-shot score and update equations",
         "calibration uses the true class label; EVAR-code leaves label dropout on, so ~10% of calibration "
         "images get the null class at random",
         "Hessians summed in float64 (float32 per-batch Gram matrices) and OBS done in float64; EVAR-code "

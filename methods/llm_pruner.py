@@ -52,7 +52,7 @@ class LLMPruner(StructuredPruner):
         "cross-entropy (LLM-Pruner: 10 bookcorpus sequences of 64 tokens, LM loss)",
         "groups include the q/v and fc1 biases removed with them (LLaMA has no biases); the "
         "cosine-attention temperature scale_mul_1H11 is removed with its head but not scored",
-        "no LoRA recovery step (chain ft instead)",
+        "no LoRA recovery step (chain ft instead); the vectorize importance is not offered",
         "EVAR-code's LLM-Pruner baseline (gradients of a per-block surrogate (out**2).sum(); output-row "
         "scores used to pick input columns) is not reproduced",
     )

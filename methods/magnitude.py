@@ -4,13 +4,16 @@ Definition used here (EVAR Tab. 2 baseline "Magnitude"): the importance of a uni
 all weights that are removed with it —
   * attention head h of a block: its 3·c rows of ``mat_qkv`` (q, k, v) and its c columns of ``proj``;
   * FFN channel j: row j of ``fc1`` and column j of ``fc2``.
-Default p = 2 over these coupled slices (Torch-Pruning's group magnitude with sum reduction).
+Default p = 2 over these coupled slices: the sum of squares of every coupled weight. Torch-Pruning's
+``GroupMagnitudeImportance(p=2)`` ranks the units of a block alike: its ``group_reduction="mean"``
+divides by the group's layer count and its ``normalizer="mean"`` by the block's mean score, factors
+common to every unit of a block.
 Sparsity is uniform over blocks: every block loses ``round(sparsity·H)`` heads and
 ``round(sparsity·F)`` FFN channels with the lowest norms; the model becomes physically smaller.
 
 Variants (constructor arguments): ``norm=l1|l2``; ``scope=coupled|out`` — ``out`` scores only the
 ``proj``/``fc2`` columns with the chosen norm, which with ``norm=l1`` is EVAR-code's
-``magnitude_prune`` (reference/methods.md §4).
+``magnitude_prune`` (the L1 norm of each unit's ``proj``/``fc2`` input columns).
 """
 import torch
 

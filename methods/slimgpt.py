@@ -18,7 +18,10 @@ Per block, sequentially (SlimGPT's ``[["self_attn.o_proj"], ["mlp.down_proj"]]``
 
 Incremental Pruning Ratio (Sec. 3.3): ``schedule=log``, per-block sparsity ∝ ln(1 + j), block 0
 unpruned, rescaled so that the mean over blocks is ``sparsity`` (``bench.prune.block_sparsities``).
-The default is ``schedule=uniform``: EVAR's Table 2 compares every method at one uniform sparsity.
+The default is ``schedule=uniform`` (one sparsity for every block), as EVAR's code runs its pruners
+(``--sparsity 0.2/0.4``; the log schedule only with ``--non_uniform``) and as EVAR's Table 2 heads
+its columns (one sparsity each); it is a deviation from SlimGPT, whose Incremental Pruning Ratio is
+``schedule=log``.
 Counts: round(H·s_j) heads and round(F·s_j) channels (Python round, at least one unit kept).
 
 Calibration size: SlimGPT calibrates on 128 C4 sequences of 2048 tokens. A VAR image is one sequence
@@ -27,6 +30,7 @@ token-matched count would be ~385 images at d16). ``n_calib=1000`` gives EVAR's 
 
 Deviations from SlimGPT (also in ``deviations``, i.e. table footnotes):
 
+* ``schedule=uniform`` by default: without the Incremental Pruning Ratio (``schedule=log``);
 * calibration data are class-conditional images with teacher forcing (one image = one sequence of
   all scales under the block-causal mask, true class labels), not C4 text;
 * ``schedule=log`` is rescaled to the requested mean sparsity instead of SlimGPT's
@@ -53,6 +57,8 @@ from bench.registry import METHODS
 class SlimGPT(StructuredPruner):
     name = "slimgpt"
     deviations = (
+        "schedule=uniform (the default) prunes every block at the same sparsity, as EVAR's code runs its pruners, "
+        "without SlimGPT's Incremental Pruning Ratio (schedule=log)",
         "calibration data are class-conditional images fed with teacher forcing (one image = one sequence of "
         "all scales, 128 images by default, true class labels) instead of 128 C4 text sequences of 2048 tokens",
         "schedule=log rescales SlimGPT's ln(1+j) schedule to the requested mean sparsity (SlimGPT: "

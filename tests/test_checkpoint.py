@@ -11,7 +11,7 @@ from tests.conftest import SMALL_VAE, SMALL_VAR, randomize_
 
 
 def _official_keys(depth: int):
-    """Keys and shapes of var_d{depth}.pth as listed in reference/var-arch.md §1.2."""
+    """Keys and shapes of the official var_d{depth}.pth (FoundationVision/VAR's checkpoints), written out."""
     C, L, V = 64 * depth, 680, 4096
     keys = {"pos_start": (1, 1, C), "pos_1LC": (1, L, C), "lvl_1L": (1, L), "attn_bias_for_masking": (1, 1, L, L),
             "word_embed.weight": (C, 32), "word_embed.bias": (C,), "class_emb.weight": (1001, C),

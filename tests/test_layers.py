@@ -6,7 +6,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 # module prefix -> layer (higher may import lower). Leaves (facts any layer may read) are layer 0.
 LAYERS = {
-    "bench.defaults": 0, "bench.tiny": 0, "bench.io": 0, "bench.resources": 0, "bench.spec": 0,
+    "bench.defaults": 0, "bench.tiny": 0, "bench.io": 0, "bench.resources": 0, "bench.spec": 0, "bench.launch": 0,
     "bench.registry": 0, "bench.checkpoint": 0, "bench.models.configs": 0, "bench.models.hart_config": 0,
     "bench.metrics.catalog": 0, "bench.metrics.mjhq": 0,
     "bench.models": 1, "bench.accounting": 1, "bench.prune": 1,
@@ -21,7 +21,7 @@ LAYERS = {
 }
 # the renderer and the record/plan layer read YAML and JSON only: they may not reach torch code
 TORCH_FREE = ("bench", "bench.checkpoint", "bench.render", "bench.figures", "bench.leaderboard", "bench.sweep", "bench.records", "bench.plan", "bench.spec", "bench.registry", "bench.io",
-              "bench.resources", "bench.defaults", "bench.models.cards", "bench.models.configs",
+              "bench.resources", "bench.defaults", "bench.launch", "bench.models.cards", "bench.models.configs",
               "bench.models.hart_config", "bench.image_grid",
               "bench.metrics.catalog", "bench.metrics.mjhq", "bench.benches", "bench.tiny")
 

@@ -252,6 +252,15 @@ def test_the_log_schedule_note_appears_only_when_the_schedule_is_log(name):
     assert notes(f"{name}:schedule=log") and not notes(f"{name}:schedule=uniform")
 
 
+def test_slimgpt_says_when_it_runs_without_its_incremental_pruning_ratio():
+    """SlimGPT's default (uniform) drops one of its two named components: its footnote says so, and only then."""
+    notes = lambda spec: [d for d in build_method(spec).deviations if d.startswith("schedule=uniform")]  # noqa: E731
+    assert notes("slimgpt") == notes("slimgpt:schedule=uniform") and len(notes("slimgpt")) == 1
+    assert "Incremental Pruning Ratio" in notes("slimgpt")[0] and not notes("slimgpt:schedule=log")
+    assert [d for d in build_method("slimgpt:schedule=log").deviations if not d.startswith("schedule=")] == \
+        [d for d in build_method("slimgpt").deviations if not d.startswith("schedule=")]
+
+
 @pytest.mark.parametrize("name", ["evar", "slimgpt", "taylor", "llm-pruner", "oba"])
 def test_structured_pruners_on_meta_keep_the_first_units_and_need_no_data(small_gen, name):
     """Weight-free accounting (``varbench info``): on the meta device only the sizes matter, so no

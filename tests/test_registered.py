@@ -4,6 +4,7 @@ paths stay torch-free."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,7 +103,7 @@ def test_metric_declaration(name):
     m.format.format(1.5)
 
 
-def test_rendering_from_records_imports_no_torch(tmp_path):
+def test_rendering_and_planning_import_no_torch(tmp_path):
     from bench.plan import make_spec
     from bench.records import make_record, write_record
     spec = make_spec("tiny-var", [], n=600)
@@ -111,9 +112,12 @@ def test_rendering_from_records_imports_no_torch(tmp_path):
     code = ("import sys\nfrom bench.cli import main\n"
             "rc = main(['table', 'evar-table2', '--no-run', '--results', sys.argv[1], '--out', sys.argv[2]])\n"
             "rc |= main(['list', 'methods']) | main(['list', 'tables']) | main(['runs', '--results', sys.argv[1]])\n"
+            "rc |= main(['sweep', sys.argv[3], '--dry-run', '--results', sys.argv[1]])\n"
+            "rc |= main(['sweep', sys.argv[3], '--emit-commands', sys.argv[2] + '/cmds.txt', '--results', sys.argv[1]])\n"
             "heavy = sorted(m for m in ('torch', 'torch_fidelity', 'numpy', 'methods.magnitude') if m in sys.modules)\n"
             "print('HEAVY', heavy)\nsys.exit(rc)\n")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "results"), str(tmp_path / "out")],
+    sweep_yaml = Path(__file__).resolve().parents[1] / "sweeps" / "tiny-example.yaml"
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "results"), str(tmp_path / "out"), str(sweep_yaml)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "HEAVY ['numpy']" in out.stdout or "HEAVY []" in out.stdout, out.stdout[-500:]   # pandas brings numpy

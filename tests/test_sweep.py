@@ -207,12 +207,12 @@ def test_a_sweep_checks_every_cell_before_running_the_first(tmp_path, capsys, mo
     assert main(["sweep", str(path), "--results", str(root), "--quiet"]) == 0
     assert [c[3] for c in calls if c[0] == "run"] == [False] * 5
     assert capsys.readouterr().err.splitlines()[-1] == f"ran 5 cell(s); records under {root}"   # no bar
-    monkeypatch.setattr("bench.shard.rank", lambda: 1)                 # torchrun: the other ranks run quietly
+    monkeypatch.setattr("bench.launch.rank", lambda: 1)                 # torchrun: the other ranks run quietly
     calls.clear()
     assert main(["sweep", str(path), "--results", str(root)]) == 0
     assert [c[3] for c in calls if c[0] == "run"] == [False] * 5 and capsys.readouterr() == ("", "")
     (tmp_path / "file").write_text("")
-    monkeypatch.setattr("bench.shard.rank", lambda: 0)
+    monkeypatch.setattr("bench.launch.rank", lambda: 0)
     assert main(["sweep", str(path), "--results", str(tmp_path / "file"), "--quiet"]) == 2
     f = tmp_path / "file"
     assert capsys.readouterr().err.endswith(f"\nvarbench: error: results folder {f}: {f} is a file, not a folder\n")

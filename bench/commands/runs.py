@@ -43,7 +43,7 @@ def cmd_sweep(args) -> int:
     specs, repeats = sweep.expand(grid, ckpt_dir=args.ckpt_dir, need_ckpt=not plan_only)
     done = sweep.finished(specs, args.results)
     todo = [s for s, d in zip(specs, done) if not d]
-    from bench.shard import rank
+    from bench.launch import rank  # torch-free: planning a sweep loads no torch
     main_rank = rank() == 0
     if main_rank:
         with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 200,

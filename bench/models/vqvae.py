@@ -185,7 +185,7 @@ class Phi(nn.Conv2d):
 
 # Which of the 4 partially shared φ each of the 10 scales uses in the official 256px model. Scales 2
 # and 7 are exact ties of |tick − si/9| broken by float64 rounding in numpy, so the map is pinned here
-# rather than recomputed (a float32 or symbolic argmin flips them). See reference/var-arch.md §1.3.
+# rather than recomputed (a float32 or symbolic argmin flips them); official VAR's numpy float64 result.
 PHI_INDEX_4_OF_10 = (0, 0, 1, 1, 1, 2, 2, 3, 3, 3)
 
 
