@@ -71,6 +71,9 @@ def locate_all(files: Iterable[Tuple[str, str]], folder: Optional[str | os.PathL
 def not_found(folder: Path, missing: Sequence[str], put: Optional[str] = None) -> CheckpointNotFound:
     """The error for missing checkpoint files: one line each (``"name: get it from …"``), then where to put
     them (``put``; default: in ``folder``, or --ckpt-dir / VARBENCH_CKPT_DIR at the folder that has them)."""
+    if Path(folder).is_file():   # --ckpt-dir given a checkpoint file instead of its folder
+        return CheckpointNotFound(f"the checkpoint folder {folder} is a file: point --ckpt-dir / VARBENCH_CKPT_DIR at "
+                                  f"the folder that holds the checkpoints (e.g. {Path(folder).parent})")
     put = put or (f"Put them in {folder} (or point --ckpt-dir / VARBENCH_CKPT_DIR at the folder that has them).")
     return CheckpointNotFound(f"{len(missing)} checkpoint file(s) not found in {folder}:\n"
                               + "".join(f"  {m}\n" for m in missing) + f"  {put} varbench never downloads at run time.")
@@ -95,7 +98,7 @@ def read_state_dict(path: str | os.PathLike, entry: Optional[str] = None) -> Dic
         size = path.stat().st_size
         raise CheckpointError(
             f"{path} ({size:,} bytes) is not a readable checkpoint — truncated or not a PyTorch/safetensors "
-            f"file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Re-download or re-create it."
+            f"file ({type(e).__name__}: {_first_line(e)}). Re-download or re-create it."
         ) from None
     for wrapper in (entry, "state_dict"):
         if wrapper and isinstance(sd, Mapping) and isinstance(sd.get(wrapper), Mapping):
@@ -103,6 +106,17 @@ def read_state_dict(path: str | os.PathLike, entry: Optional[str] = None) -> Dic
     if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError(f"{path} holds a {type(sd).__name__}, not a state_dict of tensors")
     return dict(sd)
+
+
+def _first_line(e: Exception) -> str:
+    """The reason in a loader's error, without torch.load's advice to retry with weights_only=False (which
+    would run whatever code the file pickles, and cannot read a truncated or foreign file either)."""
+    text = str(e)
+    marker = "WeightsUnpickler error:"   # torch.load(weights_only=True): the reason follows its advice
+    if marker in text:
+        text = text.split(marker, 1)[1]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0].split(". ", 1)[0].rstrip(".") if lines else ""
 
 
 def check_state_dict(model: torch.nn.Module, sd: Mapping[str, torch.Tensor], what: str = "checkpoint") -> None:
@@ -154,6 +168,10 @@ def sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return _SHA_CACHE[key]
 
 
+# The make target that retrains a manifest entry (the class-conditional tiny world otherwise).
+RETRAIN = {"tiny-bsq": "make tiny-t2i", "tiny-t2i": "make tiny-t2i", "tiny-t2i-text": "make tiny-t2i"}
+
+
 def check_manifest(path: str | os.PathLike, manifest: Optional[str | os.PathLike] = None) -> str:
     """sha256 of ``path``, checked against the ``manifest.json`` beside it (if there is one and it lists
     the file). A file changed since it was shipped or trained is an error, not a silent new result."""
@@ -173,5 +191,5 @@ def check_manifest(path: str | os.PathLike, manifest: Optional[str | os.PathLike
             raise CheckpointError(
                 f"{path} does not match {manifest} ({name}: sha256 {digest[:12]}…, manifest says "
                 f"{entry['sha256'][:12]}…). Restore the shipped file (git checkout -- {path.name}) or retrain "
-                f"the tiny world with `make tiny-models`, which rewrites the manifest.")
+                f"it with `{RETRAIN.get(name, 'make tiny-models')}`, which rewrites the manifest.")
     return digest

@@ -365,6 +365,14 @@ def _dispatch(args) -> int:
         # what the user can fix (names, files, arguments): one clear message, no stack trace
         print(f"varbench: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if e.filename is None:   # not about a path the user gave: a real failure, with its traceback
+            raise
+        # a path that cannot be used as asked (a folder where a file goes, a file where a folder goes,
+        # no permission): the path and the reason
+        paths = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+        print(f"varbench: error: {paths}: {e.strerror or e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

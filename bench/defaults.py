@@ -42,6 +42,12 @@ DEFAULT_WORLD = "tiny"
 # Seeds: one torch.Generator seed per sampling batch is derived as seed·1_000_003 + batch; keeping
 # the run seed below 2^32 keeps every derived seed well inside torch's 64-bit range.
 SEED_MAX = 2 ** 32 - 1
+# Images per run: far above any protocol (ImageNet FID 50,000, MJHQ-30K 30,000) and below where one
+# run's batch seeds (batch index < 1_000_003) would reach the next run seed's.
+N_MAX = 10_000_000
+# Images per timed generation (latency bench, Core ML export): far above what one generation of any
+# registered model fits in memory; a larger number is a typo, not a setting.
+BATCH_MAX = 4096
 
 
 def check_sampling(sampling: Mapping[str, Any], where: str = "sampling") -> Dict[str, Any]:

@@ -119,17 +119,26 @@ class OutputDirError(OSError):
     """An output folder that cannot be created or written (a file in its place, read-only, ...)."""
 
 
-def check_writable_dir(path: str | os.PathLike, what: str = "output folder") -> Path:
-    """Create ``path`` if needed and prove it writable (a probe file is created and removed).
+def check_writable_dir(path: str | os.PathLike, what: str = "output folder", create: bool = True) -> Path:
+    """Create ``path`` if needed and prove it writable (a probe file is created and removed). With
+    ``create=False`` nothing is made: its nearest existing folder must be a folder this process may write
+    (for a command that may yet fail without writing anything).
 
-    Raises ``OutputDirError`` naming the folder and the reason; call it before the work starts.
+    Raises ``OutputDirError`` naming the folder and the reason; call it before the work starts. An empty
+    string is refused (``Path("")`` would be the current folder, which nobody means by it).
     """
+    if isinstance(path, str) and not path.strip():
+        raise OutputDirError(f"{what}: the path is empty; give a folder")
     path = Path(path)
     for parent in (path, *path.parents):
         if parent.exists() and not parent.is_dir():
             raise OutputDirError(f"{what} {path}: {parent} is a file, not a folder")
         if parent.exists():
             break
+    if not create:
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise OutputDirError(f"{what} {path} is not writable ({parent}: permission denied); choose another folder")
+        return path
     try:
         path.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=path, prefix=".varbench-write-check.")
@@ -137,6 +146,18 @@ def check_writable_dir(path: str | os.PathLike, what: str = "output folder") -> 
         os.unlink(probe)
     except OSError as e:
         raise OutputDirError(f"{what} {path} is not writable ({e.strerror or e}); choose another folder") from None
+    return path
+
+
+def check_writable_file(path: str | os.PathLike, what: str = "output file", example: str = "out") -> Path:
+    """Refuse an output file path that cannot be written as a file (empty, an existing folder, under a
+    file, an unwritable folder) with ``OutputDirError``, creating its folder; call it before the work."""
+    if isinstance(path, str) and not path.strip():
+        raise OutputDirError(f"{what}: the path is empty; give a file name")
+    path = Path(path)
+    if path.is_dir():
+        raise OutputDirError(f"{what} {path} is a folder; give a file name (e.g. {path / example})")
+    check_writable_dir(path.parent, f"{what} {path}: its folder")
     return path
 
 

@@ -96,6 +96,10 @@ class LeaderboardError(ValueError):
 # records -> frames
 
 
+# a model of each world for the "no records" hint
+EXAMPLE_RUN = {"tiny": "tiny-var", "paper": "var-d16"}
+
+
 def _setting(spec: Mapping[str, Any]) -> str:
     """What keys a run besides model, chain, n and seed, as text ('' when nothing is set)."""
     overrides = ((spec.get("requested") or {}).get("sampling") or {})
@@ -335,10 +339,11 @@ def build(records: Mapping[str, Mapping[str, Any]], world: str, sort: Optional[s
     where = f"{Path(root) / world if root is not None else 'the results folder'}"
     frame = records_frame({p: r for p, r in records.items() if r["spec"]["world"] == world}, ckpt_dir)
     if frame.empty:
+        example = EXAMPLE_RUN[world]
         raise LeaderboardError(
             f"no records of the {world} world under {where}: make some first (e.g. `varbench run --model "
-            f"tiny-var --method magnitude`, `varbench table evar-table2`), or point --results / $VARBENCH_RESULTS "
-            f"at your records")
+            f"{example} --method magnitude`, `varbench table evar-table2{'' if world == 'tiny' else ' --world paper'}`), "
+            f"or point --results / $VARBENCH_RESULTS at your records")
     current = frame[~frame["stale"]]
     if current.empty:
         raise LeaderboardError(

@@ -49,9 +49,26 @@ def image_path(d: Path, i: int) -> Path:
     return d / "images" / f"{i:06d}.png"
 
 
+class CacheError(ValueError):
+    """A cached file of the unmodified model that cannot be read; the message says to remake the cache."""
+
+
+def _unreadable(d: Path, path: Path, e: Exception) -> CacheError:
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return CacheError(f"{path}: the unmodified model's cached output is unreadable ({reason}); delete {d} and run "
+                      f"again: it is remade from the same seeds")
+
+
+def _read(d: Path, i: int) -> torch.Tensor:
+    try:
+        return read_image(image_path(d, i))
+    except (OSError, ValueError) as e:   # truncated or not a PNG (PIL names neither the file nor the remedy)
+        raise _unreadable(d, image_path(d, i), e) from None
+
+
 def load_images(d: Path, lo: int, hi: int) -> torch.Tensor:
     """uint8 [hi − lo, 3, H, W] of cached images lo … hi − 1."""
-    return torch.stack([read_image(image_path(d, i)) for i in range(lo, hi)])
+    return torch.stack([_read(d, i) for i in range(lo, hi)])
 
 
 def complete(d: Path, orig: RunSpec) -> bool:
@@ -73,7 +90,10 @@ def ensure(spec: RunSpec, bench, labels, make_generator: Callable[[], object], s
     orig = original_spec(spec)
     d = folder(spec, root)
     if complete(d, orig):
-        return torch.load(d / FEATURES, weights_only=True)
+        try:
+            return torch.load(d / FEATURES, weights_only=True)
+        except Exception as e:   # truncated or overwritten: torch's zip/pickle errors
+            raise _unreadable(d, d / FEATURES, e) from None
     (d / "images").mkdir(parents=True, exist_ok=True)
     atomic_write_text(d / "spec.json", json.dumps(orig.to_dict(), indent=1, sort_keys=True))
 

@@ -341,6 +341,14 @@ def validate_record(record: Any, where: str = "record") -> None:
     commit = record["env"].get("git_commit")
     if not isinstance(commit, str) or not commit:
         bad(f"env.git_commit must be a commit hash or \"unknown\", got {commit!r}")
+    created = record["created"]
+    try:   # `runs` sorts and ages records by it; the figures' tie-breaks read it
+        ok = isinstance(created, str) and datetime.fromisoformat(created).tzinfo is not None
+    except ValueError:
+        ok = False
+    if not ok:
+        bad(f"'created' must be an ISO 8601 time with its UTC offset (e.g. \"2026-05-09T07:35:25+00:00\"), "
+            f"got {created!r}")
 
 
 def _migrate_1_to_2(record: dict) -> dict:
@@ -493,9 +501,18 @@ def iter_records(root: str | os.PathLike | None = None, world: Optional[str] = N
                  on_error: Optional[Callable[[Path, RecordError], None]] = None):
     """(path, record) of every record under ``root`` (or ``root/<world>``). ``on_error`` (if given)
     is told about unreadable files instead of raising."""
+    base = results_root(root)
     for path in record_paths(root, world):
         try:
-            yield path, read_record(path)
+            record = read_record(path)
+            # a record lives at its spec's path: a copy or a moved file would count the run twice or
+            # under another model/bench
+            home = RunSpec.from_record(record).path(base)
+            if path.relative_to(base) != home.relative_to(base):
+                raise RecordError(f"{path}: holds run {record['run_id']} ({RunSpec.from_record(record).label()}), "
+                                  f"whose record is {home}: a copied or moved file? delete it"
+                                  + ("" if home.exists() else " or move it there"))
+            yield path, record
         except RecordError as e:
             if on_error is None:
                 raise

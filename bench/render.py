@@ -843,7 +843,9 @@ def _had_cells(path: Path) -> bool:
         old = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return any(isinstance(c, dict) and c.get("ours") is not None
+    # measured = from a run record; weight-free accounting cells are remade from their records by any render
+    # (a table rendered before cells named their source counts as measured)
+    return any(isinstance(c, dict) and c.get("ours") is not None and c.get("source", "run") == "run"
                for r in old.get("rows", []) if isinstance(r, dict) for c in (r.get("cells") or {}).values())
 
 

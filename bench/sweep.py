@@ -138,7 +138,11 @@ def parse(data: Any, where: str = "sweep", world: Optional[str] = None) -> Sweep
 
 def load(path: str | Path, world: Optional[str] = None) -> Sweep:
     """A sweep file by path, or by the name of a shipped one (``tiny-example`` = ``sweeps/tiny-example.yaml``)."""
+    if not str(path).strip():
+        raise SweepError("the sweep file's path is empty; give a YAML file or a shipped sweep's name")
     path = Path(path)
+    if path.is_dir():
+        raise SweepError(f"sweep file {path} is a folder; give a YAML file in it")
     if not path.is_file():
         from bench.resources import resource_dir
         shipped = resource_dir("sweeps", required=False)
@@ -151,6 +155,8 @@ def load(path: str | Path, world: Optional[str] = None) -> Sweep:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise SweepError(f"{path}: not valid YAML ({e})") from None
+    except UnicodeDecodeError as e:
+        raise SweepError(f"{path}: not a text file, so not a sweep's YAML ({e})") from None
     return parse(data, str(path), world)
 
 

@@ -38,10 +38,12 @@ def test_fidelity_is_a_boolean_and_needs_feature_rows():
 def test_labels_are_class_major_and_n_a_positive_multiple_of_the_classes():
     assert Three().labels(6).tolist() == [0, 0, 1, 1, 2, 2]
     assert Three.check_n(3) == 3 and Three.check_n(30) == 30
-    for bad in (0, -3, 4, 3.0, True, "6"):
+    from bench.defaults import N_MAX
+    assert Three.check_n(N_MAX - N_MAX % 3) == N_MAX - N_MAX % 3
+    for bad in (0, -3, 4, 3.0, True, "6", N_MAX - N_MAX % 3 + 3):
         with pytest.raises(ValueError) as e:
             Three.check_n(bad)
-        assert str(e.value) == f"--n {bad!r}: three needs a positive multiple of its 3 classes (default 30)"
+        assert str(e.value) == f"--n {bad!r}: three needs a positive multiple of its 3 classes up to 10,000,000 (default 30)"
     with pytest.raises(ValueError, match="--n 4: three"):
         Three().labels(4)
 

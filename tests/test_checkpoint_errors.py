@@ -144,9 +144,21 @@ def test_torch_files_are_read_weights_only(tmp_path):
     assert str(e.value).startswith(f"{tmp_path / 'evil.pth'} ({size:,} bytes) is not a readable checkpoint — "
                                    f"truncated or not a PyTorch/safetensors file (UnpicklingError: ")
     assert str(e.value).endswith("). Re-download or re-create it.") and "\n" not in str(e.value)
+    assert "weights_only" not in str(e.value)       # torch's advice to load unguarded is not passed on
     torch.load(tmp_path / "evil.pth", weights_only=False)[  # the payload is live: loaded without the guard, it runs
         "x"].close()
     assert marker.exists()
+
+
+def test_random_bytes_say_why_without_torchs_advice(tmp_path):
+    (tmp_path / "r.pth").write_bytes(bytes(range(256)) * 20)
+    with pytest.raises(CheckpointError) as e:
+        read_state_dict(tmp_path / "r.pth")
+    msg = str(e.value)
+    assert msg.startswith(f"{tmp_path / 'r.pth'} (5,120 bytes) is not a readable checkpoint — truncated or not a "
+                          "PyTorch/safetensors file (") and msg.endswith("). Re-download or re-create it.")
+    reason = msg[msg.index("file (") + 6:msg.rindex(")")]
+    assert ": " in reason and reason.split(": ", 1)[1] and "weights_only" not in msg and "Please file" not in msg
 
 
 def test_an_empty_file_names_its_size(tmp_path):
@@ -215,8 +227,13 @@ def test_manifest_check_in_full(tmp_path):
     with pytest.raises(CheckpointError) as e:
         check_manifest(p)
     assert str(e.value) == (f"{p} does not match {man} (m: sha256 {digest[:12]}…, manifest says {'ab' * 6}…). "
-                            f"Restore the shipped file (git checkout -- m.safetensors) or retrain the tiny world "
+                            f"Restore the shipped file (git checkout -- m.safetensors) or retrain it "
                             f"with `make tiny-models`, which rewrites the manifest.")
+    for entry in ("tiny-bsq", "tiny-t2i", "tiny-t2i-text"):          # the text-to-image files have their own recipe
+        man.write_text(json.dumps({"models": {entry: {"file": "m.safetensors", "sha256": "ab" * 32}}}))
+        with pytest.raises(CheckpointError, match="retrain it with `make tiny-t2i`, which rewrites the manifest.$"):
+            check_manifest(p)
+    man.write_text(json.dumps({"models": {"m": {"file": "m.safetensors", "sha256": "ab" * 32}}}))
     other = tmp_path / "elsewhere.json"   # an explicit manifest instead of the one beside the file
     other.write_text(json.dumps({"models": {"m": {"file": "m.safetensors", "sha256": digest}}}))
     assert check_manifest(p, other) == digest
@@ -236,3 +253,14 @@ def test_manifest_check_in_full(tmp_path):
     man.write_text(json.dumps({"other": 1}))   # no models: nothing to check
     assert check_manifest(p) == digest
 
+
+
+def test_a_checkpoint_file_given_as_the_folder_says_so(tmp_path):
+    from bench.checkpoint import CheckpointNotFound, locate_all
+    f = tmp_path / "var_d16.pth"
+    f.write_bytes(b"x")
+    with pytest.raises(CheckpointNotFound) as e:
+        locate_all([("var_d16.pth", "https://example.org")], f)
+    assert str(e.value) == (f"the checkpoint folder {f} is a file: point --ckpt-dir / VARBENCH_CKPT_DIR at the folder "
+                            f"that holds the checkpoints (e.g. {tmp_path})")
+    assert locate_all([("var_d16.pth", "https://example.org")], tmp_path) == {"var_d16.pth": f}

@@ -110,6 +110,11 @@ def test_info_text_of_tiny_t2i(capsys):
     assert short["text_tokens"] == 1 and short["flops"] < d["flops"]
     r = _out(capsys, ["info", "tiny-t2i", "--text-tokens", "0"], rc=2)
     assert r.err == f"varbench: error: --text-tokens 0 is out of range [1, {d['text_tokens']}] for tiny-t2i\n"
+    for model, why in [("var-d16", "it takes class labels, not prompts"),
+                       ("hart-0.7b", "its text context is padded to a fixed length")]:   # would change nothing
+        r = _out(capsys, ["info", model, "--text-tokens", "5"], rc=2)
+        assert r.err == (f"varbench: error: --text-tokens applies to the Infinity-class models (infinity-2b, "
+                         f"tiny-t2i); {model}: {why}\n")
 
 
 def test_info_text_of_hart(capsys):

@@ -208,3 +208,23 @@ def test_a_bug_is_not_dressed_as_a_user_error(monkeypatch):
     monkeypatch.setattr(cli, "cmd_list", bug)
     with pytest.raises(RuntimeError, match="a defect of ours"):
         main(["list", "models"])
+
+
+@pytest.mark.parametrize("exc, message", [
+    (IsADirectoryError(21, "Is a directory", "out"), "out: Is a directory"),
+    (NotADirectoryError(20, "Not a directory", "f/x"), "f/x: Not a directory"),
+    (PermissionError(13, "Permission denied", "/root/x", None, "/root/y"), "/root/x -> /root/y: Permission denied"),
+])
+def test_a_path_that_cannot_be_used_is_one_line_naming_it(capsys, monkeypatch, exc, message):
+    def fails(args):
+        raise exc
+    monkeypatch.setattr(cli, "cmd_list", fails)
+    assert err_of(capsys, ["list", "models"]) == f"varbench: error: {message}\n"
+
+
+def test_an_os_error_about_no_path_keeps_its_traceback(monkeypatch):
+    def fails(args):
+        raise OSError("image file is truncated")      # PIL: says no file; a bug if it reaches here
+    monkeypatch.setattr(cli, "cmd_list", fails)
+    with pytest.raises(OSError, match="image file is truncated"):
+        main(["list", "models"])

@@ -14,7 +14,8 @@ def test_sample_generates_the_prompts_n_times_into_one_grid(tmp_path, capsys, mo
     import bench.image_grid
     from bench.registry import MODELS
     grids = []
-    monkeypatch.setattr(bench.image_grid, "save_grid", lambda imgs, caps, path, cols: grids.append((imgs, caps, path, cols)))
+    monkeypatch.setattr(bench.image_grid, "save_grid",
+                        lambda imgs, caps, path, cols: grids.append((imgs, caps, path, cols)) or path)
     out = tmp_path / "g.png"
     r = _out(capsys, ["sample", "tiny-t2i", "--prompt", "a red circle", "--prompt", "a blue square", "--n", "2",
                       "--seed", "3", "--cfg", "2.5", "--top-k", "0", "--out", str(out)])
@@ -45,6 +46,17 @@ def test_sample_refuses_before_loading(tmp_path, capsys, monkeypatch):
     assert "unicorn" in r.err
     r = _out(capsys, ["sample", "tiny-t2i", "--prompt", "a red circle", "--cfg", "-1", "--out", "x.png"], rc=2)
     assert "cfg" in r.err
+    # where the grid goes: a file name with an image extension, in a folder that can be written
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.png").mkdir()
+    (tmp_path / "f").write_text("")
+    for out, message in [("", "--out: the path is empty; give a file name"),
+                         ("d.png", "--out d.png is a folder; give a file name (e.g. d.png/grid.png)"),
+                         ("grid", "--out grid: give an image file name ending in .png, .jpg, .jpeg, .pdf, .svg"),
+                         ("f/grid.png", "--out f/grid.png: its folder f: f is a file, not a folder")]:
+        r = _out(capsys, ["sample", "tiny-t2i", "--prompt", "a red circle", "--out", out], rc=2)
+        assert r.err == f"varbench: error: {message}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.png", "f"]
 
 
 def test_geneval_generate_and_score_folders(tmp_path, capsys, monkeypatch):

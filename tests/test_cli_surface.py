@@ -268,7 +268,7 @@ def test_coreml_export_loads_exports_and_reports(tmp_path, capsys, monkeypatch, 
     assert progress is False and seen["export"][1:4] == (1, "fp16", False) and spec.methods == ()
     assert RANDOM_CKPT not in spec.ckpt and spec.ckpt                    # the shipped checkpoint's files
     assert spec.n == 3                                                  # the latency bench's smallest run
-    for argv, msg in ((["--batch", "0"], "--batch 0: must be ≥ 1"),
+    for argv, msg in ((["--batch", "0"], "--batch 0: must be in [1, 4096]"), (["--batch", "4097"], "--batch 4097: must be in [1, 4096]"),
                       (["--out", str(tmp_path / "m.zip")],
                        f"--out {tmp_path / 'm.zip'}: a Core ML package path must end in .mlpackage")):
         seen.clear()
@@ -291,7 +291,13 @@ def test_figures_exit_codes_say_what_was_drawn(tmp_path, capsys, monkeypatch):
             raise ValueError(f"figure {name}: no records")
         drawn.append((name, world, root, out))
         return [tmp_path / f"{name}.png", tmp_path / f"{name}.pdf"]
+    def load_figure(name):
+        if name not in ("a", "bad1", "bad2", "b"):
+            raise bench.figures.FigureSpecError(f"unknown figure {name!r}")
+        return {}
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(bench.figures, "render", render)
+    monkeypatch.setattr(bench.figures, "load_figure", load_figure)
     monkeypatch.setattr(bench.figures, "figure_names", lambda: ["a", "bad1", "b"])
     r = _out(capsys, ["figures", "--results", "R", "--out", "O"])
     assert r.out == f"wrote {tmp_path / 'a.png'} {tmp_path / 'a.pdf'}\nwrote {tmp_path / 'b.png'} {tmp_path / 'b.pdf'}\n"
@@ -310,6 +316,19 @@ def test_figures_exit_codes_say_what_was_drawn(tmp_path, capsys, monkeypatch):
     drawn.clear()
     r = _out(capsys, ["figures", "b"])
     assert r.err == "" and [d[0] for d in drawn] == ["b"]
+    # a mistyped name or 'all' among names: nothing is drawn, an error exit
+    drawn.clear()
+    r = _out(capsys, ["figures", "a", "bb"], rc=2)
+    assert r.err == "varbench: error: unknown figure 'bb'\n" and drawn == []
+    r = _out(capsys, ["figures", "all", "a"], rc=2)
+    assert r.err == "varbench: error: 'all' draws every figure: give it alone, or name the figures (all a)\n" and drawn == []
+    r = _out(capsys, ["figures", "a", "a"])                            # a name given twice is drawn once
+    assert [d[0] for d in drawn] == ["a"]
+    (tmp_path / "F").write_text("")
+    r = _out(capsys, ["figures", "a", "--out", "F"], rc=2)
+    assert r.err == "varbench: error: figures output folder F/tiny: F is a file, not a folder\n"
+    r = _out(capsys, ["figures", "a", "--results", "F"], rc=2)
+    assert r.err == "varbench: error: --results F is a file, not a folder of records\n"
 
 
 def test_metric_catalogue_entries_check_their_direction_and_compute_lazily():

@@ -13,6 +13,9 @@ class _Spec:
     def path(self, root):
         return f"{root}/{self.chain}@{self.cu}.json"
 
+    def key(self):
+        return f"{self.chain}@{self.cu}"
+
 
 @pytest.fixture
 def fake_latency(monkeypatch):
@@ -100,3 +103,25 @@ def test_latency_chains_are_spelled_as_requested_and_not_twice(capsys, fake_late
                       "--method", "dense", "--quiet"], rc=2)
     assert r.err == "varbench: error: --method given twice with the same chain: ['dense', 'magnitude', 'dense']\n"
     assert len(fake_latency["specs"]) == 1
+
+
+def test_latency_refuses_two_spellings_of_one_configuration(capsys, monkeypatch, tmp_path):
+    """Chains spelled differently that resolve alike (a default written out) would be timed twice as two rows."""
+    import bench.latency
+    monkeypatch.setattr(bench.latency, "run_latency", lambda *a, **k: pytest.fail("nothing may be timed"))
+    r = _out(capsys, ["latency", "--model", "tiny-var", "--method", "magnitude:sparsity=0.4", "--method", "dense",
+                      "--method", "magnitude", "--results", str(tmp_path), "--quiet"], rc=2)
+    assert r.err == ("varbench: error: --method 'magnitude:sparsity=0.4' and --method 'magnitude' are the same "
+                     "configuration (magnitude:norm=l2,schedule=uniform,scope=coupled,sparsity=0.4): give it once\n")
+
+
+@pytest.mark.parametrize("argv", [["coreml", "export", "tiny-t2i", "--out", "x.mlpackage"],
+                                  ["latency", "--model", "tiny-t2i", "--device", "coreml"],
+                                  ["coreml", "export", "hart-0.7b", "--out", "x.mlpackage"]])
+def test_core_ml_refuses_text_to_image_models_before_any_work(capsys, argv, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = _out(capsys, argv, rc=2)
+    assert r.err == (f"varbench: error: --model {argv[2]} is a text-to-image "
+                     "model; the Core ML export covers the class-conditional VAR models: tiny-var, var-d16, var-d20, "
+                     "var-d24, var-d30\n")
+    assert list(tmp_path.iterdir()) == []

@@ -523,10 +523,12 @@ def test_scan_folder_reads_the_official_layout_and_names_what_is_missing(tmp_pat
     with pytest.raises(FileNotFoundError, match=r"missing [^,]*00001/samples/0000\.png, [^,]*00003; "):
         gb.scan_folder(folder, rows[:4])
     # the folder itself, an empty one, a prompt folder without its metadata
-    for bad in (tmp_path / "nowhere", folder / "00000" / "metadata.jsonl"):
-        with pytest.raises(FileNotFoundError) as e:
-            gb.scan_folder(bad)
-        assert str(e.value) == f"GenEval image folder {bad} not found"
+    with pytest.raises(FileNotFoundError) as e:
+        gb.scan_folder(tmp_path / "nowhere")
+    assert str(e.value) == f"GenEval image folder {tmp_path / 'nowhere'} not found"
+    with pytest.raises(ValueError) as e:        # there, but not a folder: said so, not "not found"
+        gb.scan_folder(folder / "00000" / "metadata.jsonl")
+    assert str(e.value) == f"GenEval image folder {folder / '00000' / 'metadata.jsonl'} is a file, not a folder"
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError) as e:
         gb.scan_folder(tmp_path / "empty")

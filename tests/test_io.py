@@ -189,6 +189,32 @@ def test_a_file_in_the_way_is_named(tmp_path):
     assert isinstance(e.value, OSError)
 
 
+def test_checks_without_creating_and_of_output_files(tmp_path, monkeypatch):
+    from bench.io import check_writable_file
+    (tmp_path / "f").write_text("")
+    assert check_writable_dir(tmp_path / "a" / "b", create=False) == tmp_path / "a" / "b"
+    assert not (tmp_path / "a").exists()                                   # nothing made
+    with pytest.raises(OutputDirError, match=f"^figures {tmp_path / 'f' / 'x'}: {tmp_path / 'f'} is a file, not a folder$"):
+        check_writable_dir(tmp_path / "f" / "x", "figures", create=False)
+    monkeypatch.setattr(io.os, "access", lambda path, mode: False)
+    with pytest.raises(OutputDirError) as e:
+        check_writable_dir(tmp_path / "a", "figures", create=False)
+    assert str(e.value) == f"figures {tmp_path / 'a'} is not writable ({tmp_path}: permission denied); choose another folder"
+    monkeypatch.undo()
+    for bad, message in [("", "out: the path is empty; give a file name"),
+                         ("  ", "out: the path is empty; give a file name"),
+                         (str(tmp_path), f"out {tmp_path} is a folder; give a file name (e.g. {tmp_path / 'r.txt'})"),
+                         (str(tmp_path / "f" / "r.txt"), f"out {tmp_path / 'f' / 'r.txt'}: its folder {tmp_path / 'f'}: "
+                                                         f"{tmp_path / 'f'} is a file, not a folder")]:
+        with pytest.raises(OutputDirError) as e:
+            check_writable_file(bad, "out", "r.txt")
+        assert str(e.value) == message
+    assert check_writable_file(str(tmp_path / "new" / "r.txt"), "out") == tmp_path / "new" / "r.txt"
+    assert (tmp_path / "new").is_dir()                                     # its folder is made
+    with pytest.raises(OutputDirError, match="^results folder: the path is empty; give a folder$"):
+        check_writable_dir("", "results folder")
+
+
 def test_an_unwritable_folder_says_why(tmp_path, monkeypatch):
     def refuse(*a, **k):
         raise PermissionError(13, "Permission denied")

@@ -697,7 +697,7 @@ def test_available_cpus_is_the_affinity_mask_else_the_machines_count(monkeypatch
 def test_every_setting_refused_in_full():
     from bench.defaults import COMPUTE_UNITS
     units = ", ".join(COMPUTE_UNITS)
-    for kw, msg in ((dict(batch=0), "--batch 0: must be ≥ 1"),
+    for kw, msg in ((dict(batch=0), "--batch 0: must be in [1, 4096]"), (dict(batch=4097), "--batch 4097: must be in [1, 4096]"),
                     (dict(warmup=0), "--warmup 0: must be ≥ 1 (the first generation allocates and warms caches)"),
                     (dict(threads=0), "--threads 0: must be ≥ 1"),
                     (dict(device="coreml"), f"--compute-units None: expected one of {units}"),

@@ -250,7 +250,9 @@ def test_no_records_unknown_world_and_bad_sort_are_clear_messages(results, tmp_p
     assert main(["leaderboard", "--results", str(results), "--out", str(tmp_path / "o"), "--sort", "fdi"]) == 2
     assert "did you mean 'fid'" in capsys.readouterr().err
     assert main(["leaderboard", "--results", str(results), "--out", str(tmp_path / "o"), "--world", "paper"]) == 2
-    assert "no records of the paper world" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no records of the paper world" in err and "`varbench run --model var-d16 --method magnitude`" in err
+    assert "`varbench table evar-table2 --world paper`" in err and "tiny-var" not in err   # a command of that world
 
 
 def test_only_stale_records_say_so(tmp_path, capsys):

@@ -21,7 +21,7 @@ from bench.spec import resolve_chain
      "(benches for it: geneval, mjhq30k, shapes-geneval, shapes-mjhq)"),
     (("tiny-var",), {"bench": "shapes-geneval"},
      "bench shapes-geneval is conditioned on prompts, model tiny-var on classes (benches for it: imagenet256, shapes-c2i)"),
-    (("tiny-var",), {"n": 13}, "--n 13: shapes-c2i needs a positive multiple of its 12 classes (default 600)"),
+    (("tiny-var",), {"n": 13}, "--n 13: shapes-c2i needs a positive multiple of its 12 classes up to 10,000,000 (default 600)"),
     (("tiny-var",), {"seed": -1}, "--seed must be an integer in [0, 4294967295] (2^32 - 1), got -1"),
     (("tiny-var",), {"sampling": {"cfg": -1.0}}, "--cfg -1.0 is out of range [0.0, 100.0]"),
     (("tiny-var",), {"sampling": {"tau": 1.0}}, "--tau: not a sampling setting of tiny-var (it takes cfg, top_k, top_p, "

@@ -111,6 +111,26 @@ def test_ensure_samples_what_is_missing_writes_it_and_then_reads_the_cache(tmp_p
     assert torch.equal(originals.load_images(d, 5, 6), FakeGen().generate(labels[5:6], seed=Bench.batch_seed(5, 1)))
 
 
+def test_an_unreadable_cache_says_which_file_and_to_remake_it(tmp_path):
+    spec = _spec(seed=5)
+    labels = torch.arange(10) % 12
+    originals.ensure(spec, FakeBench(), labels, lambda: FakeGen(), sample_features, tmp_path, progress=False)
+    d = originals.folder(spec, tmp_path)
+    feats = d / originals.FEATURES
+    feats.write_bytes(feats.read_bytes()[:100])                      # truncated
+    with pytest.raises(originals.CacheError) as e:
+        originals.ensure(spec, FakeBench(), labels, lambda: FakeGen(), sample_features, tmp_path, progress=False)
+    assert str(e.value).startswith(f"{feats}: the unmodified model's cached output is unreadable (")
+    assert str(e.value).endswith(f"); delete {d} and run again: it is remade from the same seeds")
+    img = originals.image_path(d, 7)
+    img.write_bytes(img.read_bytes()[:40])
+    with pytest.raises(originals.CacheError) as e:
+        originals.load_images(d, 4, 8)
+    assert str(e.value).startswith(f"{img}: the unmodified model's cached output is unreadable (")
+    with pytest.raises(ValueError):                                  # the CLI's one-line errors
+        originals.load_images(d, 7, 8)
+
+
 def test_pair_rows_are_psnr_and_ssim_against_the_cache_and_lpips_with_weights(tmp_path, monkeypatch):
     g = torch.Generator().manual_seed(0)
     cached = torch.randint(0, 256, (5, 3, 16, 16), dtype=torch.uint8, generator=g)

@@ -112,6 +112,10 @@ def broken(edit):
     (lambda r: r["cost"].update(flops=[1.0, -math.inf]), "cost.flops[1] is -inf: records hold finite numbers"),
     (lambda r: r["env"].update(git_commit=""), "env.git_commit must be a commit hash or \"unknown\", got ''"),
     (lambda r: r["env"].pop("git_commit"), "env.git_commit must be a commit hash or \"unknown\", got None"),
+    (lambda r: r.update(created="yesterday"), "'created' must be an ISO 8601 time with its UTC offset "
+                                              "(e.g. \"2026-05-09T07:35:25+00:00\"), got 'yesterday'"),
+    (lambda r: r.update(created="2026-05-09T07:35:25"), "'created' must be an ISO 8601 time with its UTC offset"),
+    (lambda r: r.update(created=1746775000), "'created' must be an ISO 8601 time with its UTC offset"),
 ])
 def test_a_record_that_cannot_be_used_says_why(edit, message):
     r = broken(edit)
@@ -274,6 +278,30 @@ def test_a_record_filed_under_another_run_is_an_error(tmp_path):
         find_record(s, str(tmp_path))
     assert str(e.value) == f"{s.path(tmp_path)}: holds run {other.key()}, not {s.key()} ({s.label()})"
     assert find_record(spec(seed=2), tmp_path) is None
+
+
+def test_a_copied_or_moved_record_is_not_counted(tmp_path):
+    """A record is listed only at its spec's path: a copy beside it (`cp X.json "X copy.json"`) or a file
+    moved under another model would count the run twice or somewhere else."""
+    import shutil
+
+    from bench.records import iter_records, load_records, write_record
+    s = spec()
+    home = s.path(tmp_path)
+    write_record(home, make_record(s, {"fid": 1.0}, {}, {}))
+    copy = home.with_name(f"{s.key()} copy.json")
+    moved = tmp_path / "tiny" / "tiny-t2i" / "shapes-c2i" / f"{s.key()}.json"
+    moved.parent.mkdir(parents=True)
+    for p in (copy, moved):
+        shutil.copy(home, p)
+    seen = []
+    assert [p for p, _ in iter_records(tmp_path, on_error=lambda p, e: seen.append((p, str(e))))] == [home]
+    assert sorted(seen) == sorted((p, f"{p}: holds run {s.key()} ({s.label()}), whose record is {home}: a copied or "
+                                      f"moved file? delete it") for p in (copy, moved))
+    home.unlink()
+    assert load_records(tmp_path, on_error=lambda p, e: None) == {}
+    with pytest.raises(RecordError, match="a copied or moved file[?] delete it or move it there$"):
+        load_records(tmp_path)
 
 
 def test_record_listing_skips_hidden_files_and_underscore_folders(tmp_path):

@@ -254,7 +254,7 @@ CHILD = textwrap.dedent("""
 
 @pytest.mark.parametrize("old", [False, True], ids=["no-old-file", "old-file"])
 def test_sigkill_during_write_leaves_no_partial_file(tmp_path, old):
-    target = tmp_path / "tiny" / "tiny-var" / "shapes-c2i" / "run.json"
+    target = R.RunSpec.from_record(record()).path(tmp_path)       # where load_records looks for it
     old_rec = None
     if old:
         old_rec = record()
@@ -263,7 +263,7 @@ def test_sigkill_during_write_leaves_no_partial_file(tmp_path, old):
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(target)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert child.stdout.readline().strip() == "HALF", "the child did not reach the middle of the write"
-        temps = list(target.parent.glob(".run.json.*.tmp"))
+        temps = list(target.parent.glob(f".{target.name}.*.tmp"))
         assert len(temps) == 1 and temps[0].stat().st_size > 500_000  # really mid-write
         child.send_signal(signal.SIGKILL)
         assert child.wait(timeout=30) == -signal.SIGKILL

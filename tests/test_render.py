@@ -412,6 +412,12 @@ def test_weight_free_accounting_fills_params_anywhere_and_a_run_record_wins(tmp_
     assert rows["Last scale only"]["params"]["source"] == "accounting" and rows["Last scale only"]["fid"]["ours"] is None
     assert table["measured_cells"] == 0 and any("weight-free accounting" in f["text"] for f in table["footnotes"])
     assert len(load_accounting(res, "tiny")) == 6 and record_paths(res) == []          # not runs
+    # accounting cells are not measured ones: the same command again, or --no-run, renders the same table
+    first = (out / "tiny" / "evar-table3.json").read_text(encoding="utf-8")
+    for again in (["--weight-free"], ["--no-run"]):
+        assert main(["table", "evar-table3", *again, "--results", str(res), "--out", str(out), "--format", "json"]) == 0
+        assert json.loads(capsys.readouterr().out)["rows"] == table["rows"]
+        assert json.loads((out / "tiny" / "evar-table3.json").read_text(encoding="utf-8"))["rows"] == json.loads(first)["rows"]
     # a run record of the dense cell wins over its accounting
     cells = table_cells(load_spec("evar-table3"), "tiny")
     dense = next(c.spec for c in cells if c.row == "Dense Baseline")

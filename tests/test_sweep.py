@@ -83,6 +83,19 @@ def test_finished_cells_are_skipped_and_the_rest_run_in_order(tmp_path, monkeypa
     assert ran == [s.key() for i, s in enumerate(specs) if i != 2]
     assert main(["sweep", str(path), "--results", str(root), "--quiet"]) == 0     # all done: nothing runs
     assert len(ran) == 5 and "6 cells: 6 done, 0 to run" in capsys.readouterr().err
+    assert main(["sweep", str(path), "--results", str(root), "--device", "foo"]) == 2   # checked though all done
+    assert capsys.readouterr().err == "varbench: error: --device 'foo': must be cpu, cuda or cuda:N\n"
+
+
+def test_the_commands_file_is_checked_before_the_grid_is_planned(tmp_path, capsys, monkeypatch):
+    path = write(tmp_path, GRID)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sweep, "load", lambda *a, **k: pytest.fail("planned"))
+    (tmp_path / "adir").mkdir()
+    for out, message in [("", "--emit-commands: the path is empty; give a file name"),
+                         ("adir", "--emit-commands adir is a folder; give a file name (e.g. adir/commands.txt)")]:
+        assert main(["sweep", str(path), "--emit-commands", out]) == 2
+        assert capsys.readouterr().err == f"varbench: error: {message}\n"
 
 
 def test_emitted_commands_make_exactly_the_todo_cells(tmp_path, capsys):
@@ -119,6 +132,7 @@ def test_emitted_commands_make_exactly_the_todo_cells(tmp_path, capsys):
     ({"sampling": [1.5]}, "sampling must be a mapping such as `sampling: {cfg: 1.5}`, got [1.5]"),
     ({"seeds": [-1]}, "seeds[0]"),
     ({"n": 25}, "needs a positive multiple of its 12 classes"),
+    ({"n": 120_000_000_000}, "--n 120000000000: shapes-c2i needs a positive multiple of its 12 classes up to 10,000,000"),
     ({"methods": ["magnitude:sparsity=2.0"]}, "cell tiny-var magnitude:sparsity=2.0 @ shapes-c2i seed 0: "
                                               "magnitude: parameter sparsity=2.0 out of range [0.0, 0.9]"),
     ({"benches": None}, "benches is empty; give at least one entry or leave the key out"),   # `benches:` alone
@@ -157,6 +171,20 @@ def test_a_shipped_sweep_loads_by_name_and_an_unknown_name_lists_the_shipped_one
     assert grid.models == ("tiny-var",) and grid.seeds == (0, 1)
     with pytest.raises(sweep.SweepError, match="tiny-example"):
         sweep.load("tiny-exampel")
+
+
+def test_a_sweep_path_that_is_not_a_yaml_file_says_what_it_is(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "bin.yaml").write_bytes(bytes(range(128, 256)))
+    (tmp_path / "bad.yaml").write_text("models: [tiny-var\n")
+    for path, message in [("", "the sweep file's path is empty; give a YAML file or a shipped sweep's name"),
+                          (tmp_path / "d", f"sweep file {tmp_path / 'd'} is a folder; give a YAML file in it"),
+                          (tmp_path / "no.yaml", f"sweep file {tmp_path / 'no.yaml'} not found; shipped sweeps (by name): "),
+                          (tmp_path / "bin.yaml", f"{tmp_path / 'bin.yaml'}: not a text file, so not a sweep's YAML ("),
+                          (tmp_path / "bad.yaml", f"{tmp_path / 'bad.yaml'}: not valid YAML (")]:
+        with pytest.raises(sweep.SweepError) as e:
+            sweep.load(path)
+        assert str(e.value).startswith(message), str(e.value)
 
 
 def test_the_command_says_what_it_found_and_wrote_and_plans_without_running(tmp_path, capsys, monkeypatch):

@@ -102,6 +102,36 @@ def test_no_isa_pin_trains_natively_and_says_so(tmp_path, few_steps):
     assert train.VAE_RECIPE["isa"] == "avx2", "the recipe's pin must be restored after the stage"
 
 
+def test_train_tiny_refuses_what_it_could_not_finish_before_training(tmp_path, capsys, monkeypatch):
+    """An empty stage list, a file as --out and a stage whose inputs are neither there nor made before it
+    are refused up front (``run`` would fail the test if reached)."""
+    monkeypatch.setattr(train, "run", lambda *a, **k: pytest.fail("training started"))
+    (tmp_path / "f").write_text("")
+    out = tmp_path / "o"
+    for argv, msg in [(["--stages", ""], "--stages is empty; choose from vqvae, cnn, var, eval"),
+                      (["--stages", ","], "--stages is empty"),
+                      (["--out", str(tmp_path / "f")], f"--out '{tmp_path / 'f'}': give a folder"),
+                      (["--out", str(out), "--stages", "var"],
+                       f"stage var reads {out / 'tiny_vqvae.safetensors'}, which is not there: add stage(s) vqvae "
+                       f"before it (--stages vqvae,var)"),
+                      (["--out", str(out), "--stages", "eval,var"],   # trained in STAGES order: var before eval
+                       f"stage var reads {out / 'tiny_vqvae.safetensors'}, which is not there: add stage(s) vqvae "
+                       f"before it (--stages vqvae,var); stage eval reads {out / 'tiny_vqvae.safetensors'}, "
+                       f"{out / 'feature_cnn.safetensors'}, which are not there: add stage(s) vqvae,cnn before it "
+                       f"(--stages vqvae,cnn,eval)")]:
+        with pytest.raises(SystemExit) as e:
+            train.main(argv)
+        assert e.value.code == 2 and msg in capsys.readouterr().err
+    assert not out.exists()
+    ran = []
+    monkeypatch.setattr(train, "run", lambda out, stages, **k: ran.append(stages))
+    assert train.main(["--out", str(out), "--stages", "vqvae,var"]) == 0           # made by an earlier stage
+    out.mkdir()
+    (out / "tiny_vqvae.safetensors").write_bytes(b"")
+    assert train.main(["--out", str(out), "--stages", "var"]) == 0                 # or already there
+    assert ran == [["vqvae", "var"], ["var"]]
+
+
 def test_pinned_threads_restores():
     prev = torch.get_num_threads()
     try:

@@ -61,9 +61,10 @@ class Bench:
 
     @classmethod
     def check_n(cls, n) -> int:
+        from bench.defaults import N_MAX
         k = cls.num_classes
-        if isinstance(n, bool) or not isinstance(n, int) or n <= 0 or n % k:
-            raise ValueError(f"--n {n!r}: {cls.name} needs a positive multiple of its {k} classes "
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0 or n % k or n > N_MAX:
+            raise ValueError(f"--n {n!r}: {cls.name} needs a positive multiple of its {k} classes up to {N_MAX:,} "
                              f"(default {cls.default_n})")
         return n
 

@@ -18,8 +18,11 @@ position "A <relation> B" is ``[{B}, {A, position: [relation, 0]}]`` as GenEval 
 Folder layout (``write_prompt`` / ``scan_folder``): the official one, ``<index:05d>/metadata.jsonl``
 (one JSON object) and ``<index:05d>/samples/<n:04d>.png`` (``.jpg`` read too, as the Infinity and
 FastVAR forks); ``generate_folder`` writes a prompt's samples before its metadata and skips prompts
-already complete, so a stopped run resumes where it stopped; scoring a folder with a prompt's image
-missing is an error naming the file.
+already complete, so a stopped run resumes where it stopped; scoring a folder against a prompt list
+with a prompt's image missing is an error naming the file. Scoring a folder on its own (``varbench
+geneval score``) takes whatever is there, as the official evaluator does, and ``missing_of`` says what
+it lacks of a bench's prompts (the overall score is the mean over the tasks present). A damaged
+metadata file or image is an error naming it: deleting it and generating again redoes that prompt.
 """
 from __future__ import annotations
 
@@ -98,12 +101,22 @@ def _samples(d: Path) -> Dict[int, Path]:
     return out
 
 
+def _read_prompt_meta(meta: Path):
+    """The JSON object of a prompt's ``metadata.jsonl``; a damaged file is an error naming it and the place."""
+    try:
+        return json.loads(meta.read_text(encoding="utf-8"))
+    except ValueError as e:     # JSONDecodeError, UnicodeDecodeError: neither names the file
+        why = f"{e.msg}: line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
+        raise ValueError(f"{meta}: not JSON ({why}); delete that file and generate the folder again "
+                         f"(`varbench geneval generate` redoes the prompts it lacks)") from None
+
+
 def prompt_complete(folder, index: int, row: dict, n: int) -> bool:
     d = prompt_dir(folder, index)
     meta = d / "metadata.jsonl"
     if not meta.is_file():
         return False
-    if json.loads(meta.read_text(encoding="utf-8")) != row:
+    if _read_prompt_meta(meta) != row:
         raise ValueError(f"{meta} holds another prompt than prompt {index} of this run ({row['prompt']!r}); "
                          f"use an empty folder for each prompt set")
     return all(k in _samples(d) for k in range(n))
@@ -115,6 +128,8 @@ def scan_folder(folder, rows: Optional[Sequence[dict]] = None, n: Optional[int] 
     folder, metadata file or image is an error naming it."""
     from bench.metrics.geneval import check_metadata
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"GenEval image folder {folder} is a file, not a folder")
     if not folder.is_dir():
         raise FileNotFoundError(f"GenEval image folder {folder} not found")
     found = {}
@@ -123,7 +138,7 @@ def scan_folder(folder, rows: Optional[Sequence[dict]] = None, n: Optional[int] 
             meta = d / "metadata.jsonl"
             if not meta.is_file():
                 raise FileNotFoundError(f"{meta} is missing (every prompt folder holds its metadata.jsonl)")
-            row = check_metadata(json.loads(meta.read_text(encoding="utf-8")), str(meta))
+            row = check_metadata(_read_prompt_meta(meta), str(meta))
             found[int(d.name)] = (row, [p for _, p in sorted(_samples(d).items())])
     if rows is None:
         if not found:
@@ -182,15 +197,58 @@ def score_images(detector, images, rows: Sequence[dict], filenames: Sequence[str
 
 def score_folder(folder, detector, rows: Optional[Sequence[dict]] = None, n: Optional[int] = None, options=None,
                  progress: bool = True):
-    """``score_images`` over a GenEval folder (see ``scan_folder`` for ``rows`` and ``n``)."""
+    """``score_images`` over a GenEval folder (see ``scan_folder`` for ``rows`` and ``n``). Bad options and
+    unreadable images are errors naming them, raised before any image is scored."""
     import numpy as np
     from PIL import Image, ImageOps
+
+    from bench.metrics.geneval import _options
+    options = _options(options)          # before the folder is read
     items = [(row, p) for _, row, paths in scan_folder(folder, rows, n) for p in paths]
 
     def load(p):
-        return np.asarray(ImageOps.exif_transpose(Image.open(p)).convert("RGB"))
+        try:
+            return np.asarray(ImageOps.exif_transpose(Image.open(p)).convert("RGB"))
+        except OSError as e:    # truncated, not an image: PIL names neither the file nor the remedy
+            raise ValueError(f"{p}: unreadable image ({e}); delete it and generate the folder again "
+                             f"(`varbench geneval generate` redoes the prompts whose images are missing)") from None
     return score_images(detector, (load(p) for _, p in items), [r for r, _ in items], [str(p) for _, p in items],
                         options, progress)
+
+
+def _prompt_key(metadata: str) -> str:
+    """A results row's metadata in one spelling (key order, spacing): the prompt it scores."""
+    try:
+        return json.dumps(json.loads(metadata), sort_keys=True)
+    except ValueError:
+        return metadata
+
+
+def missing_of(results, rows: Sequence[dict], n: int = IMAGES_PER_PROMPT) -> Optional[str]:
+    """What a folder's results frame lacks of the prompts ``rows`` (``n`` images each), in words, or None
+    when it has them all: prompt i's images are those of ``<i:05d>/samples/`` whose metadata is
+    ``rows[i]`` (by index, not by metadata: prompt sets may repeat a row). A folder is scored as it is,
+    as the official evaluator does (whatever images are there); this says by how much it falls short
+    and which tasks the overall score then leaves out."""
+    from bench.metrics.geneval import TAGS
+    keys, have = [_prompt_key(json.dumps(r)) for r in rows], [0] * len(rows)
+    for name, meta in zip(results["filename"], results["metadata"]):
+        d = Path(name).parent.parent.name           # <index>/samples/NNNN.png
+        if d.isdigit() and int(d) < len(rows) and _prompt_key(meta) == keys[int(d)]:
+            have[int(d)] += 1
+    absent = [t for t in TAGS if t in {r["tag"] for r in rows} and t not in set(results["tag"])]
+    short = sum(0 < k < n for k in have)
+    lack_prompts, lack_images = sum(k == 0 for k in have), sum(max(n - k, 0) for k in have)
+    if not lack_images and not absent:
+        return None
+    which = [f"{lack_prompts} of the {len(rows)} prompts with none" if lack_prompts else "",
+             f"{short} prompt(s) with fewer than {n}" if short else ""]
+    parts = [f"missing {lack_images} of the {n * len(rows)} images ({', '.join(w for w in which if w)})"]
+    if absent:
+        present = [t for t in TAGS if t in set(results["tag"])]
+        parts.append(f"no image of the task(s) {', '.join(absent)}: the overall score geneval is the mean over the "
+                     f"{len(present)} task(s) present only ({', '.join(present)})")
+    return "; ".join(parts)
 
 
 def metrics_of(results) -> Dict[str, dict]:

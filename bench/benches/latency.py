@@ -30,8 +30,9 @@ class LatencyBench(Bench):
 
     def __init__(self, device: str = "cpu", batch: int = 1, threads: Optional[int] = None, compile: bool = False,
                  warmup: int = 2, compute_units: Optional[str] = None, precision: str = "fp16"):
-        if batch < 1:
-            raise ValueError(f"--batch {batch}: must be ≥ 1")
+        from bench.defaults import BATCH_MAX
+        if not 1 <= batch <= BATCH_MAX:
+            raise ValueError(f"--batch {batch}: must be in [1, {BATCH_MAX}]")
         if warmup < 1:
             raise ValueError(f"--warmup {warmup}: must be ≥ 1 (the first generation allocates and warms caches)")
         if threads is not None and threads < 1:

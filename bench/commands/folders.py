@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from bench.commands.common import device_for, prompt_models, sampling_overrides, takes_prompts
 
@@ -12,6 +13,28 @@ def _geneval_print(metrics: dict, as_json: bool) -> None:
         return
     for k, v in metrics.items():
         print(f"{k:28s} {v:.4f}")
+
+
+def _given(path: str, what: str, example: str) -> str:
+    """``path`` unless it is empty: "" would be the current folder (images written among the user's files) or
+    no file at all (results silently not written)."""
+    if not path.strip():
+        raise ValueError(f'{what} is an empty path (""): give one, e.g. {example}')
+    return path
+
+
+def _out_folder(path: str, example: str) -> str:
+    """An output image folder, checked before the model is loaded: not empty, not a file, writable."""
+    from bench.io import check_writable_dir
+    check_writable_dir(_given(path, "the output folder", example), "output folder")
+    return path
+
+
+def _out_file(path: str, flag: str) -> str:
+    """An output file, checked before the scoring: not empty, not a folder, its folder writable."""
+    from bench.io import check_writable_file
+    check_writable_file(path, flag, "results.jsonl")
+    return path
 
 
 def _folder_bench(name: str, method: str, article: str, what: str):
@@ -41,20 +64,31 @@ def _folder_generator(args, bench):
 
 def cmd_geneval_import(args) -> int:
     from bench.metrics.geneval import read_results, summary
-    _geneval_print(summary(read_results(args.results_jsonl)), args.json)
+    _geneval_print(summary(read_results(_given(args.results_jsonl, "the results file", "results.jsonl"))), args.json)
     return 0
 
 
 def cmd_geneval_score(args) -> int:
-    from bench.benches.geneval import score_folder
+    """Score a folder with the bench's detector. A folder that lacks some of the bench's prompts or images
+    is scored as it is, as the official evaluator scores whatever is there (a part of a folder is a fair
+    first look, and a folder of other prompts may be meant), with a warning of what is missing and of the
+    tasks the overall score then leaves out: a number that looks complete never passes unremarked."""
+    from bench.benches.geneval import IMAGES_PER_PROMPT, missing_of, score_folder
     from bench.metrics.geneval import summary
     bench = _geneval_bench(args.bench)
+    _given(args.folder, "the image folder", "geneval_images")
+    if args.out is not None:
+        _out_file(args.out, "--out")
     bad = [o for o in args.options if "=" not in o]
     if bad:
         raise ValueError(f"--options {' '.join(bad)}: give KEY=VALUE, e.g. --options threshold=0.3")
     opts = dict(o.split("=", 1) for o in args.options)
     df = score_folder(args.folder, bench.detector(), options=opts, progress=not args.quiet)
-    if args.out:
+    short = missing_of(df, bench.rows(), IMAGES_PER_PROMPT)
+    if short:
+        print(f"varbench: warning: {args.folder} is not a complete {bench.name} folder: {short}; scored as it is "
+              f"(`varbench geneval generate {args.folder} --bench {bench.name}` adds what is missing)", file=sys.stderr)
+    if args.out is not None:
         from bench.io import atomic_write_text
         atomic_write_text(args.out, df.to_json(orient="records", lines=True))
     _geneval_print(summary(df), args.json)
@@ -64,6 +98,7 @@ def cmd_geneval_score(args) -> int:
 def cmd_geneval_generate(args) -> int:
     from bench.benches.geneval import IMAGES_PER_PROMPT, generate_folder
     bench = _geneval_bench(args.bench)
+    _out_folder(args.out, "geneval_images")
     rows = bench.rows()
     gen, sampling = _folder_generator(args, bench)
     done = generate_folder(gen, rows, args.out, args.seed, sampling, IMAGES_PER_PROMPT, progress=not args.quiet)
@@ -81,6 +116,7 @@ def cmd_mjhq_generate(args) -> int:
     bench = _mjhq_bench(args.bench)
     n = bench.check_n(args.n if args.n is not None else bench.default_n)
     bench.preflight()
+    _out_folder(args.out, "mjhq_images")
     gen, sampling = _folder_generator(args, bench)
     done = generate_folder(gen, bench, args.out, n, args.seed, sampling, progress=not args.quiet)
     print(f"{args.out}: {done} image(s) generated now, {n - done} already there; score it with "
@@ -94,6 +130,7 @@ def cmd_mjhq_score(args) -> int:
     bench = _mjhq_bench(args.bench)
     n = bench.check_n(args.n if args.n is not None else bench.default_n)
     bench.preflight()
+    _given(args.folder, "the image folder", "mjhq_images")
     metrics = score_folder(bench, args.folder, n, sample_features, progress=not args.quiet)
     if args.json:
         print(json.dumps(metrics, indent=1))

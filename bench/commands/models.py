@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from bench.commands.common import device_for, human, prompt_models, takes_prompts
 from bench.registry import REGISTRIES
@@ -24,6 +25,10 @@ def cmd_info(args) -> int:
     card = MODELS.get(args.model)
     chain = requested_chain(args.method)     # names and parameters checked before any model is built
     kind = getattr(card, "kind", "c2i")
+    if args.text_tokens is not None and kind != "t2i":   # a flag that would change nothing must not pass silently
+        takes = ", ".join(n for n in MODELS.names() if getattr(MODELS.get(n), "kind", "c2i") == "t2i")
+        why = "its text context is padded to a fixed length" if kind == "hart" else "it takes class labels, not prompts"
+        raise ValueError(f"--text-tokens applies to the Infinity-class models ({takes}); {card.name}: {why}")
     if kind != "c2i":   # text-to-image families: their own accounting
         from bench.spec import resolve_chain
         check_chain_fits(card.name, resolve_chain(chain))
@@ -132,6 +137,7 @@ def _info_hart(args, card, chain=()) -> int:
 
 
 _INFO_BY_KIND = {"t2i": _info_t2i, "hart": _info_hart}
+GRID_FORMATS = (".png", ".jpg", ".jpeg", ".pdf", ".svg")   # what `varbench sample --out` may write
 
 
 def cmd_sample(args) -> int:
@@ -145,6 +151,10 @@ def cmd_sample(args) -> int:
     if args.n < 1 or args.n > 64:
         print(f"varbench: error: --n {args.n} is out of range [1, 64]", file=sys.stderr)
         return 2
+    from bench.io import check_writable_file
+    check_writable_file(args.out, "--out", "grid.png")
+    if Path(args.out).suffix.lower() not in GRID_FORMATS:   # matplotlib would add .png to a bare name
+        raise ValueError(f"--out {args.out}: give an image file name ending in {', '.join(GRID_FORMATS)}")
     from bench.defaults import model_sampling
     sampling = model_sampling(card.sampling, {k: v for k, v in (("cfg", args.cfg), ("tau", args.tau), ("top_k", args.top_k),
                                                                 ("top_p", args.top_p)) if v is not None}, card.name)
@@ -156,7 +166,7 @@ def cmd_sample(args) -> int:
     gen = card(args.ckpt_dir, device=device_for(args, world)).eval()
     prompts = [p for p in args.prompt for _ in range(args.n)]
     imgs = gen.generate(prompts, seed=args.seed, **sampling)
-    save_grid(imgs, prompts, args.out, cols=args.n)
-    print(f"wrote {args.out}: {len(prompts)} image(s) of {card.name}, seed {args.seed}, "
+    path = save_grid(imgs, prompts, args.out, cols=args.n)
+    print(f"wrote {path}: {len(prompts)} image(s) of {card.name}, seed {args.seed}, "
           + ", ".join(f"{k} {v}" for k, v in sampling.items()))
     return 0

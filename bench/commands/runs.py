@@ -36,9 +36,13 @@ def cmd_sweep(args) -> int:
     import pandas as pd
 
     from bench import sweep
-    from bench.io import atomic_write_text, check_writable_dir
+    from bench.io import atomic_write_text, check_writable_dir, check_writable_file
 
     plan_only = args.dry_run or args.emit_commands is not None
+    if args.emit_commands is not None:
+        check_writable_file(args.emit_commands, "--emit-commands", "commands.txt")
+    if not plan_only and args.device is not None:   # checked even when every cell is done (emitted lines may
+        device_for(args, "tiny")                     # run elsewhere: their --device is not checked here)
     grid = sweep.load(args.spec, world=args.world)
     specs, repeats = sweep.expand(grid, ckpt_dir=args.ckpt_dir, need_ckpt=not plan_only)
     done = sweep.finished(specs, args.results)

@@ -88,9 +88,20 @@ def cmd_table(args) -> int:
 
 
 def cmd_figures(args) -> int:
-    from bench.figures import figure_names, render
-    names = figure_names() if args.names in ([], ["all"]) else args.names
+    from bench.figures import figure_names, load_figure, render
+    from bench.io import check_writable_dir
+    from bench.resources import figures_out_dir, results_root
+    if "all" in args.names and len(args.names) > 1:
+        raise ValueError(f"'all' draws every figure: give it alone, or name the figures ({' '.join(args.names)})")
+    names = figure_names() if args.names in ([], ["all"]) else list(dict.fromkeys(args.names))
+    for name in names:   # every name known (or a "did you mean") before anything is drawn
+        load_figure(name)
     world = args.world or DEFAULT_WORLD
+    check_writable_dir(figures_out_dir(args.out) / world, "figures output folder", create=False)   # made when drawn
+    root = results_root(args.results)
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"--results {root} is a file, not a folder of records")
+    load_records(root, world)   # once, to name the unreadable records the figures will leave out
     failed = 0
     for name in names:
         try:

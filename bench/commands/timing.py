@@ -4,7 +4,16 @@ from __future__ import annotations
 import json
 import sys
 
-from bench.commands.common import device_for, sampling_overrides
+from bench.commands.common import device_for, sampling_overrides, takes_prompts
+
+
+def _check_coreml_model(name: str) -> None:
+    """Core ML export covers the class-conditional VAR models (bench.coreml); say so before any work."""
+    from bench.registry import MODELS
+    if takes_prompts(MODELS.get(name)):
+        fits = [n for n in MODELS.names() if not takes_prompts(MODELS.get(n))]
+        raise ValueError(f"--model {name} is a text-to-image model; the Core ML export covers the class-conditional "
+                         f"VAR models: {', '.join(fits)}")
 
 
 def cmd_latency(args) -> int:
@@ -15,6 +24,7 @@ def cmd_latency(args) -> int:
     coreml = (args.device or "") == "coreml"
     if coreml:
         from bench.coreml import require_macos
+        _check_coreml_model(args.model)
         require_macos("--device coreml (latency and op placement per compute unit)")
         if args.compile:
             raise ValueError("--compile applies to PyTorch devices, not --device coreml")
@@ -39,6 +49,12 @@ def cmd_latency(args) -> int:
                                ckpt_dir=args.ckpt_dir, random_weights=args.random_weights,
                                sampling=sampling_overrides(args))
         labels += [c + (f" @ {cu}" if cu else "") for c in chains]
+    first = {}
+    for spec, chain in zip(specs, chains * (len(specs) // len(chains))):
+        if spec.key() in first:   # spelled differently, resolved alike (e.g. a default written out)
+            raise ValueError(f"--method {first[spec.key()]!r} and --method {chain!r} are the same configuration "
+                             f"({' + '.join(spec.methods) or 'dense'}): give it once")
+        first[spec.key()] = chain
     records = run_latency(specs, root=args.results, ckpt_dir=args.ckpt_dir, force=args.force,
                           progress=not args.quiet)
     from bench.shard import rank
@@ -74,8 +90,10 @@ def cmd_coreml(args) -> int:
     out = args.out
     if not str(out).endswith(".mlpackage"):
         raise ValueError(f"--out {out}: a Core ML package path must end in .mlpackage")
-    if args.batch < 1:
-        raise ValueError(f"--batch {args.batch}: must be ≥ 1")
+    from bench.defaults import BATCH_MAX
+    if not 1 <= args.batch <= BATCH_MAX:
+        raise ValueError(f"--batch {args.batch}: must be in [1, {BATCH_MAX}]")
+    _check_coreml_model(args.model)
     spec = make_spec(args.model, args.method, bench="latency", n=3, seed=args.seed, world=args.world,
                      ckpt_dir=args.ckpt_dir, need_ckpt=not args.random_weights)
     if args.random_weights:

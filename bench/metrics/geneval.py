@@ -34,6 +34,7 @@ the image under evaluation (official: open_clip ViT-L-14 zero-shot over ``COLORS
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
@@ -41,6 +42,11 @@ import numpy as np
 
 # ``--options`` defaults of the official evaluator; one table for the API and the CLI
 DEFAULTS = dict(threshold=0.3, counting_threshold=0.9, max_objects=16, max_overlap=1.0, position_threshold=0.1)
+# their valid ranges (closed; None: unbounded). The official evaluator takes any number, but detection
+# scores and IoUs lie in [0, 1]: a threshold outside it keeps every box or none (every score 0, without
+# a word); position_threshold is a fraction of the two boxes' extents, a margin, not more than them
+RANGES = dict(threshold=(0.0, 1.0), counting_threshold=(0.0, 1.0), max_objects=(1, None), max_overlap=(0.0, 1.0),
+              position_threshold=(0.0, 1.0))
 COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
 TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 RELATIONS = ("left of", "right of", "above", "below")
@@ -55,8 +61,23 @@ def _options(options: Optional[Mapping]) -> dict:
         if k not in DEFAULTS:
             from bench.registry import did_you_mean
             raise ValueError(f"unknown GenEval option {k!r}{did_you_mean(k, DEFAULTS)} (options: {', '.join(DEFAULTS)})")
-        opts[k] = type(DEFAULTS[k])(v)
+        opts[k] = _option(k, v)
     return opts
+
+
+def _option(key: str, value):
+    """``value`` (a string from the CLI, or a number) as option ``key``'s type, checked against its range."""
+    kind, (lo, hi) = type(DEFAULTS[key]), RANGES[key]
+    try:
+        x = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        x = math.nan
+    if kind is int:    # "2.5" is refused, not truncated to 2
+        x = int(x) if x.is_integer() else math.nan
+    if not lo <= x or (hi is not None and x > hi):      # NaN fails lo <= x
+        want = f"a whole number ≥ {lo}" if kind is int else f"a number in [{lo:g}, {hi:g}]"
+        raise ValueError(f"GenEval option {key}={value}: expected {want} (the official default is {DEFAULTS[key]})")
+    return x
 
 
 def iou(box_a, box_b) -> float:
@@ -198,6 +219,9 @@ def read_results(path):
     metadata, details)."""
     import pandas as pd
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"GenEval results {path} is a folder, not a file: give the results file (the --outfile of "
+                         f"evaluation/evaluate_images.py)")
     if not path.is_file():
         raise FileNotFoundError(f"GenEval results {path} not found (the --outfile of evaluation/evaluate_images.py)")
     try:

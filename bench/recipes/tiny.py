@@ -236,6 +236,9 @@ def set_quality(out: Path, name: str, quality: dict) -> None:
 
 
 STAGES = ("vqvae", "cnn", "var", "eval")
+# what a stage reads from --out: made by an earlier stage of the same call, or already there
+STAGE_FILES = {"vqvae": "tiny_vqvae.safetensors", "cnn": "feature_cnn.safetensors", "var": "tiny_var.safetensors"}
+STAGE_NEEDS = {"var": ("vqvae",), "eval": ("vqvae", "cnn", "var")}
 
 
 def load_tiny_vae(out: Path) -> VQVAE:
@@ -412,8 +415,31 @@ def main(argv=None) -> int:
     bad = [s for s in stages if s not in STAGES]
     if bad:
         p.error(f"unknown stage(s) {bad}; choose from {', '.join(STAGES)}")
-    run(Path(a.out), stages, progress=not a.no_progress, isa_pin=not a.no_isa_pin)
+    if not stages:
+        p.error(f"--stages is empty; choose from {', '.join(STAGES)} (all of them by default)")
+    out = Path(a.out)
+    if not a.out.strip() or (out.exists() and not out.is_dir()):
+        p.error(f"--out {a.out!r}: give a folder for the checkpoints and their manifest")
+    missing = missing_inputs(out, stages)
+    if missing:
+        p.error("; ".join(missing))
+    run(out, stages, progress=not a.no_progress, isa_pin=not a.no_isa_pin)
     return 0
+
+
+def missing_inputs(out: Path, stages) -> List[str]:
+    """What the requested stages would read from ``out`` that neither exists nor is made by an earlier
+    requested stage, in ``STAGES`` order (checked before any training, which takes minutes to hours)."""
+    problems, made = [], set()
+    for stage in (s for s in STAGES if s in stages):   # the order `run` trains them in
+        absent = [need for need in STAGE_NEEDS.get(stage, ())
+                  if need not in made and not (out / STAGE_FILES[need]).is_file()]
+        made.add(stage)
+        if absent:
+            problems.append(f"stage {stage} reads {', '.join(str(out / STAGE_FILES[n]) for n in absent)}, which "
+                            f"{'is' if len(absent) == 1 else 'are'} not there: add stage(s) "
+                            f"{','.join(absent)} before it (--stages {','.join(absent + [stage])})")
+    return problems
 
 
 if __name__ == "__main__":
