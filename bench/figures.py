@@ -180,6 +180,18 @@ def _short(chain: str) -> str:
     return " + ".join(parts)
 
 
+def short_labels(chains) -> Dict[str, str]:
+    """``_short`` of each chain, except where two different chains would share a label (variants that differ
+    in a parameter other than sparsity, e.g. stepvar's score=random / hpf / both): those get ``describe``'s
+    label (the parameters that differ from the defaults), so no two points of a figure read alike."""
+    short = {c: _short(c) for c in chains}
+    counts: Dict[str, int] = {}
+    for c in set(chains):
+        counts[short[c]] = counts.get(short[c], 0) + 1
+    return {c: short[c] if counts[short[c]] == 1 else describe(c.split(" + ") if c != "dense" else [])
+            for c in chains}
+
+
 def _defaults(name: str) -> Dict[str, str]:
     """Canonical text of each default parameter of method ``name`` ({} for a method not in the registry)."""
     try:
@@ -278,6 +290,9 @@ def pareto_points(spec, records, world, lat: Optional[Dict[str, dict]] = None) -
              "yerr": m.get("stderr"), "n": s["n"], "created": rec["created"], "run_id": rec["run_id"]}
         if _newer(p, best.get(chain)):
             best[chain] = p
+    labels = short_labels(list(best))
+    for chain, p in best.items():
+        p["label"] = labels[chain]
     return sorted(best.values(), key=lambda p: p["x"])
 
 
@@ -372,7 +387,8 @@ def _draw_scale_latency(spec, records, world, root, plt):
             bottom += v
         ax.bar(j, cost["decode_ms"], bottom=bottom, color="0.75", hatch="//", label="decode" if j == 0 else None,
                width=0.6)
-    ax.set_xticks(range(len(chains)), [_short(c) for c in chains], rotation=20, ha="right")
+    labels = short_labels(chains)
+    ax.set_xticks(range(len(chains)), [labels[c] for c in chains], rotation=20, ha="right")
     ax.set_ylabel("ms per generation (median per scale)")
     ax.legend(frameon=False, fontsize=6.5, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     p = lat[chains[0]]["spec"]["protocol"]

@@ -162,6 +162,8 @@ class FastVAR(TokenMethod):
         "so the two differ only by float rounding",
         "schedules are relative to the model's scale list (official Infinity code keys them on the widths of "
         "the 1:1 1024² schedule and prunes no other aspect ratio)",
+        "class-conditional VAR has no official FastVAR schedule: its var schedule is varbench's (HART's "
+        "{50 %, 75 %} on the last two scales, all blocks)",
     )
 
     def __init__(self, **params):

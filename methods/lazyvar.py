@@ -23,7 +23,7 @@ changes less and less at the late scales. LazyVAR turns that into two savings:
 * **Cumulative keep indices.** Within a group the highest-index positions go to the largest scale
   and lower ones to smaller scales, so that no position is updated by two scales of the group: the
   paper takes, for scale i+m, the n_{i+m} tokens starting at rank cum_{i+m} of the downsampled
-  index, cum_i = Σ_{k>i in the group} n_k·(area of one scale-k token in scale-i tokens).
+  index, cum_i = Σ_{k=i+1}^{i+p} n_k·(h_K·w_K)/(h_k·w_k) (K the last scale).
   varbench does this exactly: going from the largest scale of the group to the smallest, each scale
   takes its n highest-index tokens among those whose footprint on the final grid (the final
   positions it owns, floor(y·h/H), floor(x·w/W)) holds no position already kept by a larger scale.
@@ -204,7 +204,10 @@ class LazyVAR(TokenMethod):
         "than it keeps fills up with its best blocked ones) where the paper offsets ranks by cum_i",
         "schedules are relative to the model's scale list (the group: scales at least half as wide as the last); "
         "class-conditional VAR has no LazyVAR setting and uses Infinity's",
-        "VAR: a pruned position's zero residual still passes φ (its bias and 3×3 neighbours) after the upsampling",
+        "HART: the paper gives only its step count (13 of 14); the hart schedule (the last two scales, keep "
+        "5 % / 1 %, Infinity's ratios at those widths) is varbench's",
+        "VAR and HART: a pruned position's zero residual still passes φ (its bias and 3×3 neighbours) after the "
+        "upsampling; the paper adds the interpolated residual without it",
     )
 
     def __init__(self, **params):

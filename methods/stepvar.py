@@ -165,6 +165,11 @@ class StepVAR(TokenMethod):
         "principal components (2), the rank combination α·rank(texture) + (1−α)·rank(structure) with α = 0.5, "
         "the scored map (the block stack's input at the scale) and the schedule (drop 0.5 / 0.75 on the last "
         "two scales) are varbench's choices",
+        "the scores' form is varbench's reading: texture = ‖HPF(x)‖² summed over channels (replicate padding), "
+        "structure = the squared projection of the centred token on the top principal components (per image)",
+        "what is propagated is the last block's output that the head reads (each pruned position then samples "
+        "its own token from the copied logits), by Euclidean grid distance with ties to the higher-scored kept "
+        "token; restore=linear is read as the inverse-distance mean of the 4 nearest kept tokens",
     )
 
     def __init__(self, **params):

@@ -13,12 +13,16 @@ VAR (the hook point FastVAR uses):
   * the sub-layer runs on the unmerged sources + destinations; **unmerge** copies each
     destination's output back to the sources merged into it.
   Merging wraps self-attention only by default (tomesd: ``merge_attn=True, merge_mlp=False``;
-  ``ffn=true`` also wraps the FFN); the KV cache then holds the merged tokens.
+  ``ffn=true`` also wraps the FFN); the KV cache then holds the merged tokens. As tomesd's
+  ``compute_merge``, one merge per block is computed from the block's input and serves both
+  sub-layers (``ffn=true`` reuses the attention's merge).
+  As tomesd, an odd batch takes the top-left destinations (tomesd assumes a CFG batch of pairs).
 
-Deviations: tomesd draws its windows' destinations from a generator that copies the global RNG
-state at every UNet call; here the policy owns a generator seeded with ``seed`` at every sampling
-call (the draws never touch the sampler's RNG). Scales: the last ``scales`` of the model (tomesd
-merges at the UNet's highest resolution, ``max_downsample=1``).
+Deviations: tomesd draws its windows' destinations from a generator copied once from the global RNG
+(at the first merge after ``apply_patch``) and keeps drawing from it; here the policy owns a
+generator seeded with ``seed`` at every sampling call (the draws never touch the sampler's RNG, and a
+run repeats). Scales: the last ``scales`` of the model (tomesd merges at the UNet's highest
+resolution, ``max_downsample=1``).
 """
 from __future__ import annotations
 
@@ -93,17 +97,22 @@ class ToMePolicy(TokenPolicy):
 
     def begin_scale(self, si: int, pn) -> None:
         self.hw = tuple(pn) if isinstance(pn, (tuple, list)) else (pn, pn)
+        self.block_merge: Dict[int, tuple] = {}   # block -> its merge, made at its attention
 
     def sublayer(self, si, kind, block_idx, h_BLC, fn, x_BLC=None):
         ratio = self.ratio.get(si, 0.0)
         if ratio == 0.0 or kind not in self.kinds:
             return fn(h_BLC)
-        draw = self.use_rand and h_BLC.device.type != "meta"   # weight-free accounting: shapes only
-        if draw and self.rng is None:
-            self.rng = torch.Generator(device=h_BLC.device).manual_seed(self.seed)
-        L = h_BLC.shape[1]
-        merge, unmerge, pos_Bn = random2d_matching(x_BLC if x_BLC is not None else h_BLC, *self.hw, int(L * ratio),
-                                                   rng=self.rng if draw else None)
+        if kind == "attn" or block_idx not in self.block_merge:
+            # tomesd: the merge is computed once per block, from its input, before the attention; an odd
+            # batch draws no random destinations; weight-free accounting (meta) needs shapes only
+            B, L = h_BLC.shape[:2]
+            draw = self.use_rand and B % 2 == 0 and h_BLC.device.type != "meta"
+            if draw and self.rng is None:
+                self.rng = torch.Generator(device=h_BLC.device).manual_seed(self.seed)
+            self.block_merge[block_idx] = random2d_matching(x_BLC if x_BLC is not None else h_BLC, *self.hw,
+                                                            int(L * ratio), rng=self.rng if draw else None)
+        merge, unmerge, pos_Bn = self.block_merge[block_idx]
         return unmerge(fn(merge(h_BLC), keep_Bl=pos_Bn))
 
 
@@ -112,8 +121,8 @@ class ToMe(TokenMethod):
     name = "tome"
     deviations = (
         "tomesd's random destinations come from a policy-owned generator seeded at every sampling call (tomesd: "
-        "a copy of the global RNG state per call); applied at the last `scales` scales of the VAR; with RoPE "
-        "(Infinity) a merged token rotates at its destination's position",
+        "one copy of the global RNG, made at its first merge); applied at the last `scales` scales of the VAR; "
+        "with RoPE (Infinity, HART) a merged token rotates at its destination's position",
     )
 
     def apply(self, gen, ctx):

@@ -4,7 +4,7 @@ parameter and the rest of the chain; the labels (defaults dropped) and axis name
 the note under a figure go (wrapped, clear of the axes)."""
 import pytest
 
-from bench.figures import _short, _ylabel, describe, figure, gate_onsets, sweep_series
+from bench.figures import _short, _ylabel, describe, figure, gate_onsets, short_labels, sweep_series
 from bench.plan import make_spec
 from bench.records import make_record, write_record
 
@@ -102,6 +102,21 @@ def test_labels_keep_only_the_parameters_that_differ_from_the_defaults():
     assert describe(["ghostvar:a=1"]) == "ghostvar (a=1)"           # not in the registry: every parameter shown
     assert _short("evar:calib=pyramid,sparsity=0.4 + ft:epochs=2,lr=0.1") == "evar 0.4 + ft"
     assert _short("magnitude:norm=l2,sparsity=0.25,scope=coupled") == "magnitude 0.25" and _short("dense") == "dense"
+
+
+def test_variants_that_would_share_a_short_label_are_told_apart():
+    """stepvar's score=random / hpf / both would all read 'stepvar': those get their differing parameters;
+    a label that is already unique stays short."""
+    from bench.spec import resolve_method
+    both, rnd, hpf = (resolve_method(m) for m in ("stepvar", "stepvar:score=random", "stepvar:score=hpf"))
+    ev = "evar:calib=pyramid,sparsity=0.4 + ft:epochs=2,lr=0.1"
+    chains = [both, rnd, ev, hpf, "dense"]
+    assert short_labels(chains) == {both: "stepvar", rnd: "stepvar (score=random)", hpf: "stepvar (score=hpf)",
+                                    ev: "evar 0.4 + ft", "dense": "dense"}
+    assert short_labels([both, ev]) == {both: "stepvar", ev: "evar 0.4 + ft"}
+    assert short_labels([rnd, rnd]) == {rnd: "stepvar"}          # one chain twice is no collision
+    m2, m4 = "magnitude:norm=l1,sparsity=0.4", "magnitude:norm=l2,sparsity=0.4"
+    assert short_labels([m2, m4]) == {m2: "magnitude (norm=l1)", m4: "magnitude"}
 
 
 @pytest.mark.parametrize("metric, label", [("fid", "FID (lower is better)"), ("is", "IS (higher is better)"),

@@ -431,7 +431,7 @@ def test_evaluate_adm_on_a_synthetic_reference(tmp_path, monkeypatch):
 
 
 def test_evaluate_adm_protocol_settings(tmp_path, monkeypatch):
-    """IS on consecutive chunks of 5000 (no shuffle), KID subsets of 1000, P/R with k = 3, Inception."""
+    """IS on chunks of 5000 after a fixed permutation, KID subsets of 1000, P/R with k = 3, Inception."""
     weights = tmp_path / paper.INCEPTION_WEIGHTS_FILENAME
     weights.write_bytes(b"")
     calls = []
@@ -440,8 +440,19 @@ def test_evaluate_adm_protocol_settings(tmp_path, monkeypatch):
     paper.evaluate_adm(torch.zeros(10000, 3, 1, 1, dtype=torch.uint8), ref, weights_path=weights, seed=9)
     (args, kw), = calls
     assert args[1] is ref and args[4] == 9
-    assert kw["extractor"] == "inception-v3-compat" and kw["isc_splits"] == 2 and kw["isc_shuffle"] is False
+    assert kw["extractor"] == "inception-v3-compat" and kw["isc_splits"] == 2 and kw["isc_shuffle"] is True
     assert kw["kid_subset_size"] == 1000 and kw["prc_neighborhood"] == 3 and kw["weights_path"] == weights
+
+
+def test_is_of_class_major_samples_needs_mixed_chunks():
+    """Samples come class by class; chunks taken in that order see half the classes each here and IS halves
+    (ImageNet: 100 classes per chunk of 5000, IS capped near 100). The ADM protocol permutes first."""
+    from bench.metrics.fidelity import isc_from_logits
+    K, per = 20, 50
+    logits = torch.full((K * per, K), -30.0)
+    logits[torch.arange(K * per), torch.arange(K * per) // per] = 30.0      # confident, class-major
+    assert isc_from_logits(logits, splits=2, shuffle=False) == pytest.approx(K / 2, rel=1e-3)
+    assert isc_from_logits(logits, splits=2, shuffle=True, seed=0) > 0.9 * K
 
 
 def test_bootstrap_can_leave_kid_out_without_changing_any_other_number():

@@ -348,6 +348,33 @@ def test_tome_policy_merges_by_the_residual_with_its_own_seeded_stream():
     torch.testing.assert_close(wide.sublayer(1, "attn", 0, h, fn, x_BLC=x), unmerge(merge(h) * 2 + 1))
 
 
+def test_tome_ffn_reuses_the_blocks_attention_merge_and_odd_batches_take_the_top_left():
+    """tomesd's compute_merge: one merge per block from its input serves attention and MLP; an odd batch
+    uses no random destinations."""
+    g = torch.Generator().manual_seed(1)
+    h, x, x_after = (torch.randn(2, 16, 6, generator=g) for _ in range(3))
+    fn = lambda t, keep_Bl=None: t * 2 + 1  # noqa: E731
+    pol = ToMePolicy({1: 0.25}, kinds=("attn", "ffn"), seed=3)
+    pol.begin(2, (1, 4))
+    pol.begin_scale(1, 4)
+    out_a = pol.sublayer(1, "attn", 0, h, fn, x_BLC=x)
+    out_f = pol.sublayer(1, "ffn", 0, h, fn, x_BLC=x_after)     # the residual moved on: the merge does not
+    merge, unmerge, _ = random2d_matching(x, 4, 4, 4, rng=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(out_a, unmerge(merge(h) * 2 + 1))
+    torch.testing.assert_close(out_f, out_a)
+    nxt = pol.sublayer(1, "attn", 1, h, fn, x_BLC=x)             # the next block draws anew
+    rng = torch.Generator().manual_seed(3)
+    random2d_matching(x, 4, 4, 4, rng=rng)
+    merge, unmerge, _ = random2d_matching(x, 4, 4, 4, rng=rng)
+    torch.testing.assert_close(nxt, unmerge(merge(h) * 2 + 1))
+    odd = ToMePolicy({1: 0.25}, seed=3)                           # use_rand, but a batch of 1
+    odd.begin(1, (1, 4))
+    odd.begin_scale(1, 4)
+    merge, unmerge, _ = random2d_matching(x[:1], 4, 4, 4)
+    torch.testing.assert_close(odd.sublayer(1, "attn", 0, h[:1], fn, x_BLC=x[:1]), unmerge(merge(h[:1]) * 2 + 1))
+    assert odd.rng is None
+
+
 @pytest.mark.parametrize("spec,ratios,kinds,note", [
     ("tome", {3: 0.5, 4: 0.5}, {"attn"}, "tome: ratio 0.5 at 4×4, 8×8, merging attn"),
     ("tome:ffn=true,scales=3,ratio=0.25,use_rand=false,seed=4", {2: 0.25, 3: 0.25, 4: 0.25}, {"attn", "ffn"},

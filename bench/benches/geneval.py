@@ -2,7 +2,9 @@
 
 ``geneval`` (paper world): the official ``evaluation_metadata.jsonl`` (553 prompts over six tasks,
 shipped in ``datasets/geneval/`` with its MIT licence), 4 images per prompt, each prompt's images one
-batch seeded by the prompt's index (the official ``seed_everything`` before each prompt), scored by
+batch seeded by ``seed·1000003 + i`` for prompt i (a deviation: the official ``generation/diffusers_
+generate.py`` calls ``seed_everything(42)`` before every prompt, so every prompt starts from the same
+seed; here different prompts get different noise, and a run stays reproducible from its seed), scored by
 the official rules (``bench.metrics.geneval``) over Mask2Former detections and CLIP colours
 (``bench.metrics.geneval_detectors``). ``shapes-geneval`` (tiny world): the same six tasks over the
 shapes-scenes vocabulary, the same rules, the exact rule-based detector.

@@ -6,7 +6,10 @@ with one seed per batch, cfg 1.5, top-k 900, top-p 0.96, ``more_smooth=False`` (
 the run spec). Images are uint8 as saved to PNG. Metrics follow the ADM evaluator: Inception-v3
 (``inception-v3-compat`` in torch-fidelity, local weights) pool features; FID against the ``mu``/
 ``sigma`` of ``VIRTUAL_imagenet256_labeled.npz``; precision/recall with k = 3 against its 10 000
-``arr_0`` images; IS from the logits over chunks of 5000. Error bars: bootstrap over samples.
+``arr_0`` images; IS from the logits over chunks of 5000, taken after a fixed permutation of the
+class-major samples (VAR's packing script lists the PNGs unsorted, so the official chunks mix the
+classes; ``bench.metrics.paper``). Error bars: bootstrap over samples. Protocol version 2: version 1
+took the chunks in class order, which caps IS near 100.
 
 Training split for recovery methods: ImageNet-1k train as an ``ImageFolder`` under
 ``$VARBENCH_DATA_DIR/imagenet/train`` (VAR preprocessing: shorter side to 1.125·256 with LANCZOS,
@@ -34,7 +37,7 @@ class ImageNet256(Bench):
     batch_size = 50
     epoch_size = 1_281_167
     bootstrap = 10
-    version = 1
+    version = 2   # 2: IS chunks mix the classes (version 1 took them in class order)
     metrics = ("fid", "is", "kid", "precision", "recall")
 
     def preflight(self) -> None:

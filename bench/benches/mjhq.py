@@ -3,7 +3,9 @@
 ``mjhq30k`` (paper world): MJHQ-30K's ``meta_data.json`` (10 categories × 3,000 prompts, the captions
 of the dataset's Midjourney images); n/10 prompts of every category (file order within a category;
 the default n is all 30,000), one image per prompt, prompt i sampled alone with seed
-``seed·1000003 + i`` (FastVAR's scripts sample one prompt at a time). Scores as FastVAR's
+``seed·1000003 + i`` (FastVAR's scripts sample one prompt at a time, but seed them otherwise: its HART
+script gives every prompt the same ``g_seed``, its Infinity script draws one random seed per run, which
+cannot be repeated; a per-prompt seed from the run seed is varbench's choice). Scores as FastVAR's
 ``mjhq30k_fid_clip.py``: clean-fid mode ``clean`` features (``bench.metrics.mjhq``) of the generated
 images against the category's 3,000 reference images (``<MJHQ>/<category>/<id>.jpg``, all of them
 whatever n is), per category (``fid_<category>``), over all images (``fid``, clean-fid's recursive
@@ -28,8 +30,9 @@ prompts' images (a missing one is an error naming it), so a folder made by FastV
 with the same ids can be scored by this bench's protocol.
 
 With the ``fidelity`` setting (``bench.originals``) both add FID* per category, overall and their mean
-(``fid_star_<category>``, ``fid_star``, ``fid_star_mean``: LazyVAR's "FID*" is the overall one, its
-per-category averages the mean), PSNR and SSIM.
+(``fid_star_<category>``, ``fid_star``, ``fid_star_mean``; LazyVAR defines FID* in words only and gives
+no code: varbench reads its table's "FID*" as the overall one and its per-category average as the
+mean), PSNR and SSIM.
 """
 from __future__ import annotations
 

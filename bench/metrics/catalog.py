@@ -54,7 +54,6 @@ for _m in (
                "bench.metrics.fidelity:precision"),
     MetricInfo("recall", "Recall", "higher", "{:.3f}", "fraction of reference samples inside the generated k=3 manifold",
                "bench.metrics.fidelity:recall"),
-    MetricInfo("sfid", "sFID", "lower", "{:.2f}", "FID on spatial (mixed_6/conv) Inception features"),
     MetricInfo("class_acc", "Class acc.", "higher", "{:.3f}",
                "fraction of samples the world's classifier assigns to their conditioning class"),
     # per prompt category (MJHQ-30K's ten, shapes-mjhq's six) and fidelity to the original model's outputs

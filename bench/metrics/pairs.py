@@ -5,9 +5,11 @@ model's output for the same prompt index and seed), as ScaleKV and DistriFusion 
   (torchmetrics ``PeakSignalNoiseRatio(data_range=(0, 1), dim=(1, 2, 3))``, per image, then the mean).
   Identical images have an infinite PSNR; here the MSE is floored at 1e-10, so an identical pair
   scores exactly ``PSNR_CAP`` = 100 dB and a mean over pairs stays finite.
-- ``ssim``: per image, the mean SSIM map (torchmetrics ``StructuralSimilarityIndexMeasure`` defaults:
-  Gaussian window 11×11, σ 1.5, k1 0.01, k2 0.03, data range 1) over the windows that lie inside the
-  image, averaged over channels.
+- ``ssim``: per image, the mean SSIM map (Gaussian window 11×11, σ 1.5, k1 0.01, k2 0.03: torchmetrics
+  ``StructuralSimilarityIndexMeasure``'s constants) over the windows that lie inside the image,
+  averaged over channels, with data range 1 for [0, 1] images. torchmetrics differs in two ways: it
+  reflect-pads the image and averages the whole map, and by default infers the data range from the
+  images (on a smooth 256² pair with noise: 0.2982 here, 0.2936 from torchmetrics 1.9).
 - ``lpips`` (paper world, when AlexNet's weights are given): torchmetrics'
   ``LearnedPerceptualImagePatchSimilarity(net_type="alex", normalize=True)`` per pair, as ScaleKV and
   DistriFusion compute it; its linear heads ship in the torchmetrics wheel (optional extra

@@ -3,7 +3,7 @@
 The VAR-family papers report ImageNet-256 FID/IS/precision/recall with OpenAI's ADM evaluator
 (guided-diffusion ``evaluations/evaluator.py``): the TF-2015 Inception graph, pool3 features, FID
 against the reference batch's precomputed ``mu``/``sigma``, precision/recall (k=3) against its 10 000
-images ``arr_0``, IS on consecutive chunks of 5000 without shuffling. We reproduce it with
+images ``arr_0``, IS on consecutive chunks of 5000 of the sample file. We reproduce it with
 torch-fidelity's ``inception-v3-compat`` (the same TF-2015 weights and a TF1-compatible bilinear
 resize) on in-memory tensors:
 
@@ -14,6 +14,19 @@ resize) on in-memory tensors:
 - :func:`read_adm_reference` reads ``VIRTUAL_imagenet256_labeled.npz`` (``arr_0``, ``mu``,
   ``sigma``; ``mu_s``/``sigma_s`` when present).
 - :func:`evaluate_adm` runs :func:`bench.metrics.fidelity.evaluate` with that protocol.
+
+IS and sample order. ADM splits the sample file in its own order, and VAR's
+``create_npz_from_sample_folder`` packs the PNGs in ``glob`` order (the file system's listing, not
+sorted): the classes are mixed in every chunk. varbench's samples are class-major (50 of class 0, then
+class 1, …), so consecutive chunks of them would hold 100 classes each and IS could not exceed about
+100 (VAR-d16 reports 274.4). The chunks are therefore taken after a fixed permutation of the samples
+(torch-fidelity's ``isc_shuffle``, seeded by the run seed): class-mixed chunks as in the official file,
+reproducible. ``n`` not a multiple of 5000: ``n // 5000`` equal chunks (ADM: chunks of 5000 and a
+last, shorter one); the protocol's 50 000 gives 10 chunks either way.
+
+Precision/recall: squared distances in float32 (ADM computes them in float16 first and falls back to
+float32 only on overflow): only a point within rounding of a neighbourhood radius can be counted
+differently. sFID (ADM's spatial features) is not computed.
 """
 from __future__ import annotations
 
@@ -150,7 +163,7 @@ def evaluate_adm(fake_uint8: torch.Tensor, reference=None, metrics: Iterable[str
     ``fake``: uint8 images, or their :func:`extract_inception_features` (computed elsewhere, e.g. by
     the ranks of a sharded run). ``reference``: the npz path (default ``$VARBENCH_DATA_DIR/VIRTUAL_imagenet256_labeled.npz``) or
     a feature set from :func:`adm_reference_features` (extract it once, reuse it across runs).
-    IS uses consecutive chunks of 5000 generated samples without shuffling, like ADM.
+    IS uses chunks of 5000 generated samples after a fixed permutation (the module docstring says why).
     """
     ref_fs = reference if isinstance(reference, dict) else adm_reference_features(
         reference, weights_path, batch_size, device, progress)
@@ -158,7 +171,7 @@ def evaluate_adm(fake_uint8: torch.Tensor, reference=None, metrics: Iterable[str
     n = len(fake_uint8["features"] if isinstance(fake_uint8, dict) else fake_uint8)
     return evaluate(fake_uint8, ref_fs, metrics, bootstrap, seed, extractor=INCEPTION_EXTRACTOR,
                     weights_path=weights, batch_size=batch_size, device=device,
-                    isc_splits=max(1, n // ADM_IS_SPLIT_SIZE), isc_shuffle=False, kid_subset_size=1000,
+                    isc_splits=max(1, n // ADM_IS_SPLIT_SIZE), isc_shuffle=True, kid_subset_size=1000,
                     prc_neighborhood=3, progress=progress)
 
 

@@ -376,7 +376,7 @@ FIGURE_TARGETS = [(m, fn, tests) for m, fns, tests in [
     ("bench.figures", ["figures_dir", "figure_names", "load_figure", "_for_world", "_check_metric", "_chain", "_short",
                        "_defaults", "describe", "_ylabel", "_where", "_newer", "_point", "_style", "figure", "render"],
      _FIG_S + [_FIG_P, _FIG_A]),
-    ("bench.figures", ["_latency_records", "_left_out", "pareto_points", "pareto_front", "_check_pareto", "_draw_pareto",
+    ("bench.figures", ["_latency_records", "_left_out", "pareto_points", "short_labels", "pareto_front", "_check_pareto", "_draw_pareto",
                        "_scales_hw", "_draw_scale_latency"], _FIG_S + [_FIG_P]),
     ("bench.figures", ["_check_sweep", "_swept", "sweep_series", "_sweep_empty", "_draw_sweep", "_check_table_bars",
                        "table_bars_data", "_draw_table_bars", "gate_onsets", "gate_values", "_check_gates",
