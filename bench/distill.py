@@ -1,9 +1,11 @@
 """The recovery trainer shared by ``ft``, ``kd`` and ``psad``, and the per-scale losses of distillation.
 
 ``train`` is one loop for every recovery method: one epoch = ``ctx.epoch_size`` images of the bench's
-training split, a fresh seeded permutation per epoch, AdamW (β = 0.9, 0.95), linear warm-up over the
-first 5% of the steps then cosine decay, gradient clipping at 2.0, the transformer in train mode (class
-dropout as in VAR training) and the VQVAE frozen. Only the per-step loss differs between methods: it
+training split, a fresh seeded permutation per epoch, AdamW (β = 0.9, 0.95; weight decay on the weight
+matrices only, as official VAR and EVAR-code: ``param_groups``), linear warm-up over the first 5% of the
+steps then cosine decay, gradient clipping at 2.0, the transformer in train mode (class dropout as in
+VAR training, and its stochastic depth: ``drop_path_while_training``, 0.1·depth/24 as official VAR and
+EVAR-code train) and the VQVAE frozen. Only the per-step loss differs between methods: it
 is a callable ``loss(labels_B, tokens, t) -> (loss, stats)`` with ``t`` = step / steps, the fraction of
 training done (PSAD's gates are functions of it), and ``stats`` the floats shown on the progress bar.
 
@@ -26,9 +28,10 @@ eval mode and would never drop.)
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -36,8 +39,58 @@ from tqdm.auto import tqdm
 
 from bench.models.generator import Generator
 
+# What the distillation methods' footnotes say about their optimisation (kd, psad).
+RECIPE = ("optimisation is varbench's ft recipe (AdamW at the lr and batch given, default 5e-4 at 64; warm-up "
+          "then cosine; the epochs are the table's), not the paper's 8-GPU run; the teacher sees the student's "
+          "dropped labels (same class dropout)")
+# What every recovery method's footnote says about this trainer (ft, kd and psad list it).
+TRAINER_DEVIATIONS = (
+    "training images are tokenised once with the evaluation centre crop (EVAR-code's trainer takes a random "
+    "crop per epoch); weight decay, gradient clipping, stochastic depth and betas as official VAR training",
+)
+
 # loss(labels_B, tokens, t) -> (scalar loss, {name: float}) ; t in [0, 1): fraction of training done
 StepLoss = Callable[[torch.Tensor, List[torch.Tensor], float], Tuple[torch.Tensor, Dict[str, float]]]
+
+
+# Official VAR's trainer and EVAR-code's (``utils/lr_control.filter_params`` with these ``nowd_keys``): no
+# weight decay on 1-D parameters, biases, and parameters whose name holds one of these.
+NO_WD_KEYS = ("cls_token", "start_token", "task_token", "cfg_uncond", "pos_embed", "pos_1LC", "pos_start", "start_pos",
+              "lvl_embed", "gamma", "beta", "ada_gss", "moe_bias", "scale_mul")
+
+
+def param_groups(model: torch.nn.Module, wd: float) -> List[dict]:
+    """AdamW groups of the trainable parameters: weight decay ``wd`` on the matrices, none on what
+    official VAR training exempts (``NO_WD_KEYS``, 1-D parameters, biases)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            exempt = p.ndim == 1 or name.endswith("bias") or any(k in name for k in NO_WD_KEYS)
+            (no_decay if exempt else decay).append(p)
+    return [g for g in ({"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+
+
+def train_drop_path(depth: int) -> float:
+    """Official VAR training's stochastic-depth rate (``build_vae_var``: 0.1·depth/24, EVAR-code's too)."""
+    return 0.1 * depth / 24
+
+
+@contextlib.contextmanager
+def drop_path_while_training(blocks, rate: Optional[float] = None):
+    """The blocks' residual branches dropped per image with probability rate·i/(depth − 1) for block i
+    (official VAR's linear rule; ``rate`` default ``train_drop_path``) while fine-tuning; inference
+    modules (no drop path) restored after, also on error."""
+    from bench.models.var import DropPath
+    rate = train_drop_path(len(blocks)) if rate is None else rate
+    saved = [b.drop_path for b in blocks]
+    try:
+        for i, b in enumerate(blocks):
+            p = rate * i / max(len(blocks) - 1, 1)
+            b.drop_path = DropPath(p) if p > 0 else torch.nn.Identity()
+        yield
+    finally:
+        for b, m in zip(blocks, saved):
+            b.drop_path = m
 
 
 def train(gen: Generator, ctx, name: str, epochs: float, lr: float, batch: int, wd: float,
@@ -59,26 +112,27 @@ def train(gen: Generator, ctx, name: str, epochs: float, lr: float, batch: int, 
     labels, tokens = ctx.data(ctx.epoch_size, "train")
     step_loss = make_loss()
     var, dev = gen.var.train(), gen.device
-    opt = torch.optim.AdamW([p for p in var.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95), weight_decay=wd)
+    opt = torch.optim.AdamW(param_groups(var, wd), lr=lr, betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(ctx.seed)
     # a fresh permutation of the training split for every epoch
     order = torch.cat([torch.randperm(ctx.epoch_size, generator=g) for _ in range(math.ceil(epochs) or 1)])
     warm = max(1, steps // 20)
     history: List[Dict[str, float]] = []
     bar = tqdm(range(steps), desc=f"{name} {epochs:g} epoch(s)", disable=not ctx.progress, leave=False)
-    for step in bar:
-        cur_lr = lr * min(1.0, (step + 1) / warm) * 0.5 * (1 + math.cos(math.pi * step / steps))
-        for pg in opt.param_groups:
-            pg["lr"] = cur_lr
-        idx = order[step * batch:(step + 1) * batch]
-        # the bench's data live on the CPU; the batch goes where the model is
-        loss, stats = step_loss(labels[idx].to(dev), [t[idx].to(dev) for t in tokens], step / steps)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(var.parameters(), 2.0)
-        opt.step()
-        history.append(stats)
-        bar.set_postfix({k: f"{v:.3f}" for k, v in stats.items()})
+    with drop_path_while_training(list(var.blocks)):
+        for step in bar:
+            cur_lr = lr * min(1.0, (step + 1) / warm) * 0.5 * (1 + math.cos(math.pi * step / steps))
+            for pg in opt.param_groups:
+                pg["lr"] = cur_lr
+            idx = order[step * batch:(step + 1) * batch]
+            # the bench's data live on the CPU; the batch goes where the model is
+            loss, stats = step_loss(labels[idx].to(dev), [t[idx].to(dev) for t in tokens], step / steps)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(var.parameters(), 2.0)
+            opt.step()
+            history.append(stats)
+            bar.set_postfix({k: f"{v:.3f}" for k, v in stats.items()})
     var.eval()
     ctx.notes.append(f"{name}: {steps} steps of batch {batch} ({epochs:g} epoch(s) of {ctx.epoch_size} images)")
     return history

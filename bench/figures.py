@@ -188,8 +188,7 @@ def short_labels(chains) -> Dict[str, str]:
     counts: Dict[str, int] = {}
     for c in set(chains):
         counts[short[c]] = counts.get(short[c], 0) + 1
-    return {c: short[c] if counts[short[c]] == 1 else describe(c.split(" + ") if c != "dense" else [])
-            for c in chains}
+    return {c: short[c] if counts[short[c]] == 1 else describe(c.split(" + ")) for c in chains}
 
 
 def _defaults(name: str) -> Dict[str, str]:
@@ -286,11 +285,11 @@ def pareto_points(spec, records, world, lat: Optional[Dict[str, dict]] = None) -
         if x is None:
             continue
         m = rec["metrics"][y]
-        p = {"chain": chain, "label": _short(chain), "x": float(x), "xerr": xerr, "y": float(m["value"]),
+        p = {"chain": chain, "x": float(x), "xerr": xerr, "y": float(m["value"]),
              "yerr": m.get("stderr"), "n": s["n"], "created": rec["created"], "run_id": rec["run_id"]}
         if _newer(p, best.get(chain)):
             best[chain] = p
-    labels = short_labels(list(best))
+    labels = short_labels(list(best))   # told apart where two chains would read alike
     for chain, p in best.items():
         p["label"] = labels[chain]
     return sorted(best.values(), key=lambda p: p["x"])

@@ -12,12 +12,13 @@ paper loss (``psad``) with every gate open and the per-scale weights w_i replace
 token: at equal per-token KL the two give the same value, so Tab. 4's KD–PSAD gap isolates PSAD's
 scale balancing and curriculum.
 
-Choices the paper does not state: the plain sum CE + τ²·KL (no α mix; EVAR-code's ``normal`` type uses
-0.7·CE + 0.3·τ²·KL summed over each image's tokens), τ = 4 (EVAR-code's temperature). Optimisation as
+Choices the paper does not state: the plain sum CE + τ²·KL (no α mix; EVAR-code's ``normal`` script,
+``train_normal.bash``, uses 0.5·CE + 0.5·τ²·KL summed over each image's tokens), τ = 4 (EVAR-code's
+temperature). Optimisation as
 ``ft`` (``bench.distill.train``): AdamW, warm-up + cosine, clip 2.0, one epoch = the bench's training
 split, class dropout 0.1 with the teacher given the same (dropped) labels.
 """
-from bench.distill import build_teacher, forward_pair, token_terms, train
+from bench.distill import RECIPE, TRAINER_DEVIATIONS, build_teacher, forward_pair, token_terms, train
 from bench.method import Method
 from bench.registry import METHODS
 
@@ -33,9 +34,9 @@ class KD(Method):
     name, kind = "kd", "recovery"
     deviations = (
         "vanilla KD's loss is not given in the paper: varbench uses CE + τ²·KL with token means and τ = 4 "
-        "(EVAR-code's normal distillation: 0.7·CE + 0.3·τ²·KL summed over each image's tokens)",
-        "fine-tuning recipe (AdamW, lr, batch, epochs, cosine schedule) is varbench's ft recipe, not the "
-        "paper's 40 epochs on 8 GPUs; the teacher sees the student's dropped labels (same class dropout)",
+        "(EVAR-code's normal distillation: 0.5·CE + 0.5·τ²·KL summed over each image's tokens)",
+        RECIPE,
+        *TRAINER_DEVIATIONS,
     )
 
     def apply(self, gen, ctx):

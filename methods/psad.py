@@ -45,20 +45,28 @@ bench's training split, class dropout 0.1 with the teacher given the same (dropp
 """
 import torch
 
-from bench.distill import build_teacher, forward_pair, per_scale_sum, scale_sizes, token_terms, train
+from bench.distill import (
+    RECIPE,
+    TRAINER_DEVIATIONS,
+    build_teacher,
+    forward_pair,
+    per_scale_sum,
+    scale_sizes,
+    token_terms,
+    train,
+)
 from bench.method import Method
 from bench.registry import METHODS
 
 WEIGHTINGS = ("inverse-count", "exp-increase", "linear-increase", "exp-decay")
 CODE_ALPHA, CODE_BETA = 0.7, 0.3            # EVAR-code train_aware.bash: --distill_alpha / --distill_beta
 CODE_FIRST, CODE_LAST = 2.0, 0.2            # EVAR-code --scale_weights_str 2.0,1.8,…,0.2
-RECIPE = ("fine-tuning recipe (AdamW, lr, batch, epochs, cosine schedule) is varbench's ft recipe, not the "
-          "paper's 40 epochs on 8 GPUs; the teacher sees the student's dropped labels (same class dropout)")
 CODE_DEVIATIONS = (
     "variant=code has EVAR-code's loss (0.7·CE + 0.3·τ²·Σ s_i KL_i, s_i linear 2.0 → 0.2, τ = 4) but not its "
     "schedule: VAR's progressive training (--pg 0.6: scales unlocked over the first 60% of training) and "
     "20 epochs at batch 256 are replaced by varbench's ft recipe (AdamW, cosine, no gates)",
     "the teacher sees the student's dropped labels (in EVAR-code teacher and student drop labels independently)",
+    *TRAINER_DEVIATIONS,
 )
 
 
@@ -119,6 +127,7 @@ class PSAD(Method):
         "Tab. 4's alternative weightings are unspecified: varbench uses w_i ∝ 2^i, i+1, 2^-i on the same "
         "per-scale KL sums, normalised to Σ w_i n_i = 1, with PSAD's gates kept",
         RECIPE,
+        *TRAINER_DEVIATIONS,
     )
 
     def __init__(self, **params):

@@ -115,12 +115,45 @@ def _ctx(gen, teacher, n=64):
 
 
 @pytest.mark.parametrize("spec", ["kd", "psad", "psad:variant=code"])
-def test_student_equal_to_teacher_has_zero_kl(spec):
+def test_student_equal_to_teacher_has_zero_kl(spec, monkeypatch):
+    monkeypatch.setattr("bench.distill.train_drop_path", lambda depth: 0.0)   # stochastic depth off: same model
     gen = _gen(drop=0.5)           # much class dropout: the teacher must see the student's dropped labels
     m = build_method(spec + ("," if ":" in spec else ":") + "lr=0,batch=16")
     m.apply(gen, _ctx(gen, gen))
     assert len(m.history) == 4 and all(h["kl"] == 0 and h["distill"] == 0 for h in m.history)
     assert all(h["ce"] > 0 for h in m.history)
+
+
+def test_fine_tuning_drops_paths_as_official_var_training_and_decays_only_matrices():
+    """Stochastic depth 0.1·depth/24, linear over the blocks, while training only; weight decay on the weight
+    matrices, not on what official VAR exempts (1-D parameters, biases, position/level embeddings, gains)."""
+    from bench.distill import drop_path_while_training, param_groups, train_drop_path
+    from bench.models.var import DropPath
+    gen = _gen()
+    blocks = list(gen.var.blocks)
+    assert train_drop_path(16) == pytest.approx(0.1 * 16 / 24) and train_drop_path(24) == pytest.approx(0.1)
+    before = [type(b.drop_path) for b in blocks]
+    with drop_path_while_training(blocks, 0.3):
+        ps = [b.drop_path.p if isinstance(b.drop_path, DropPath) else 0.0 for b in blocks]
+        assert ps == pytest.approx([0.3 * i / (len(blocks) - 1) for i in range(len(blocks))])
+        assert type(blocks[0].drop_path) is torch.nn.Identity             # block 0: rate 0
+    assert [type(b.drop_path) for b in blocks] == before
+    with pytest.raises(RuntimeError):
+        with drop_path_while_training(blocks):
+            raise RuntimeError("a failed step")
+    assert [type(b.drop_path) for b in blocks] == before                  # restored on error too
+    decay, no_decay = param_groups(gen.var, 0.05)
+    names = {id(p): n for n, p in gen.var.named_parameters()}
+    d, nd = {names[id(p)] for p in decay["params"]}, {names[id(p)] for p in no_decay["params"]}
+    assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
+    assert d | nd == set(names.values()) and not d & nd
+    assert {"pos_1LC", "pos_start", "lvl_embed.weight", "blocks.0.attn.q_bias", "blocks.0.ffn.fc1.bias"} <= nd
+    assert {"class_emb.weight", "blocks.0.attn.mat_qkv.weight", "blocks.0.ffn.fc2.weight", "head.weight",
+            "word_embed.weight"} <= d
+    assert all(n.endswith("bias") or "scale_mul" in n or gen.var.get_parameter(n).ndim == 1 or
+               any(k in n for k in ("pos_", "lvl_embed")) for n in nd)
+    gen.var.requires_grad_(False)
+    assert param_groups(gen.var, 0.05) == []                              # nothing trainable: no group
 
 
 def test_forward_pair_drops_labels_once_for_both():

@@ -32,9 +32,11 @@ def test_each_change_is_named():
         f"method parameters now resolve to {' + '.join(new.methods)}"
     dense = today("dense")
     assert _diff(old_dict(dense, methods=("magnitude",)), dense) == "method parameters now resolve to dense"
-    assert _diff(old_dict(new, method_versions={"magnitude": 0, "ft": 1}), new) == "method version magnitude v0→v1"
-    assert _diff(old_dict(new, method_versions={"magnitude": 0, "ft": 3}), new) == \
-        "method version ft v3→v1, magnitude v0→v1"
+    ft, mag = new.method_versions["ft"], new.method_versions["magnitude"]           # today's versions
+    assert _diff(old_dict(new, method_versions={"magnitude": mag - 1, "ft": ft}), new) == \
+        f"method version magnitude v{mag - 1}→v{mag}"
+    assert _diff(old_dict(new, method_versions={"magnitude": mag - 1, "ft": ft + 2}), new) == \
+        f"method version ft v{ft + 2}→v{ft}, magnitude v{mag - 1}→v{mag}"
     # a method the old chain did not have is the chain's change, not a version change
     assert _diff(old_dict(new, methods=new.methods[:1], method_versions={"magnitude": 1}), new) == \
         f"method parameters now resolve to {' + '.join(new.methods)}"
@@ -45,9 +47,9 @@ def test_each_change_is_named():
     assert _diff(old_dict(new, protocol={"version": 0}), new) == "bench protocol changed"
     assert _diff(old_dict(new, sampling={**new.sampling, "cfg": 9.0}), new) == "default sampling changed"
     assert _diff({**old_dict(new), "sampling": None}, new) == "default sampling changed"
-    assert _diff(old_dict(new, method_versions={"magnitude": 0, "ft": 1}, protocol=None,
+    assert _diff(old_dict(new, method_versions={"magnitude": mag - 1, "ft": ft}, protocol=None,
                           sampling={"cfg": 1.0}), new) == \
-        "method version magnitude v0→v1; bench protocol changed; default sampling changed"
+        f"method version magnitude v{mag - 1}→v{mag}; bench protocol changed; default sampling changed"
 
 
 # --- staleness of a record -----------------------------------------------------------------------------
