@@ -264,3 +264,20 @@ def test_a_checkpoint_file_given_as_the_folder_says_so(tmp_path):
     assert str(e.value) == (f"the checkpoint folder {f} is a file: point --ckpt-dir / VARBENCH_CKPT_DIR at the folder "
                             f"that holds the checkpoints (e.g. {tmp_path})")
     assert locate_all([("var_d16.pth", "https://example.org")], tmp_path) == {"var_d16.pth": f}
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("Weights only load failed. In PyTorch 2.6, we changed the default value of the `weights_only` argument.\n"
+     "Please file an issue with the following: WeightsUnpickler error: \n\nUnsupported operand 18\n\nCheck the "
+     "documentation of torch.load.", "Unsupported operand 18"),
+    ("Weights only load failed. This file can still be loaded.\n\t(1) Re-running `torch.load` with `weights_only` "
+     "set to `False` will likely succeed.\n\tWeightsUnpickler error: Unsupported global: GLOBAL print was not an "
+     "allowed global by default. Please use `torch.serialization.add_safe_globals([print])`.",
+     "Unsupported global: GLOBAL print was not an allowed global by default"),
+    ("PytorchStreamReader failed reading zip archive: failed finding central directory",
+     "PytorchStreamReader failed reading zip archive: failed finding central directory"),
+    ("\n  header too large.\nmore", "header too large"), ("length exceeds MAX.", "length exceeds MAX"),
+    ("", ""),
+])
+def test_the_reason_of_a_loader_error_is_its_first_sentence_without_torchs_advice(text, reason):
+    assert ck._first_line(RuntimeError(text)) == reason

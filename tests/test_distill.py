@@ -154,6 +154,22 @@ def test_fine_tuning_drops_paths_as_official_var_training_and_decays_only_matric
                any(k in n for k in ("pos_", "lvl_embed")) for n in nd)
     gen.var.requires_grad_(False)
     assert param_groups(gen.var, 0.05) == []                              # nothing trainable: no group
+    # the rules themselves, on parameters VAR's names do not separate: a 1-D weight, a 2-D bias
+    other = torch.nn.Module()
+    other.norm, other.lin = torch.nn.LayerNorm(4), torch.nn.Linear(4, 4, bias=False)
+    other.rel_bias = torch.nn.Parameter(torch.zeros(3, 3))
+    decay, no_decay = param_groups(other, 0.1)
+    assert [p.shape for p in decay["params"]] == [(4, 4)]
+    assert sorted(p.shape for p in no_decay["params"]) == [(3, 3), (4,), (4,)]
+    # the linear rule over a deeper stack
+    deep = [torch.nn.Module() for _ in range(5)]
+    for b in deep:
+        b.drop_path = torch.nn.Identity()
+    with drop_path_while_training(deep, 0.2):
+        assert [b.drop_path.p if isinstance(b.drop_path, DropPath) else 0.0 for b in deep] == \
+            pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2])
+    with drop_path_while_training(deep[:1], 0.2):                        # one block: block 0, rate 0
+        assert type(deep[0].drop_path) is torch.nn.Identity
 
 
 def test_forward_pair_drops_labels_once_for_both():
