@@ -79,6 +79,9 @@ def test_geneval_generate_and_score_folders(tmp_path, capsys, monkeypatch):
                      f"`varbench geneval score {out} --bench shapes-geneval`\n")
     r = _out(capsys, ["geneval", "generate", out, "--model", "tiny-var"], rc=2)
     assert "--model tiny-var is not a text-to-image model (hart-0.7b, infinity-2b, tiny-t2i)" in r.err
+    for argv in (["--model", "tiny-var"], ["--cfg", "-1"], ["--device", "tpu"]):   # refused: no folder made
+        r = _out(capsys, ["geneval", "generate", str(tmp_path / "never"), *argv], rc=2)
+        assert not (tmp_path / "never").exists(), argv
 
     frame = pd.DataFrame([{"filename": "a.png", "tag": "single_object", "correct": True, "metadata": "p1"},
                           {"filename": "b.png", "tag": "colors", "correct": False, "metadata": "p2"},

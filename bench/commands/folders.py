@@ -51,15 +51,19 @@ def _geneval_bench(name: str):
     return _folder_bench(name, "rows", "a", "GenEval")
 
 
-def _folder_generator(args, bench):
-    """(generator, sampling settings) of ``--model`` (default: the bench's) for a folder's images."""
+def _folder_generator(args, bench, example: str):
+    """(generator, sampling settings) of ``--model`` (default: the bench's) for the images of the folder
+    ``args.out``: the model, its settings, the device and the folder are checked before anything is made
+    or loaded (a wrong flag leaves no empty folder behind)."""
     from bench.defaults import model_sampling
     from bench.registry import MODELS
     card = MODELS.get(args.model or bench.model)
     if not takes_prompts(card):
         raise ValueError(f"--model {card.name} is not a text-to-image model ({', '.join(prompt_models())})")
     sampling = model_sampling(card.sampling, sampling_overrides(args), card.name)
-    return card(args.ckpt_dir, device=device_for(args, card.world)).eval(), sampling
+    device = device_for(args, card.world)
+    _out_folder(args.out, example)
+    return card(args.ckpt_dir, device=device).eval(), sampling
 
 
 def cmd_geneval_import(args) -> int:
@@ -98,9 +102,8 @@ def cmd_geneval_score(args) -> int:
 def cmd_geneval_generate(args) -> int:
     from bench.benches.geneval import IMAGES_PER_PROMPT, generate_folder
     bench = _geneval_bench(args.bench)
-    _out_folder(args.out, "geneval_images")
     rows = bench.rows()
-    gen, sampling = _folder_generator(args, bench)
+    gen, sampling = _folder_generator(args, bench, "geneval_images")
     done = generate_folder(gen, rows, args.out, args.seed, sampling, IMAGES_PER_PROMPT, progress=not args.quiet)
     print(f"{args.out}: {done} prompt(s) generated now, {len(rows) - done} already there; "
           f"score it with `varbench geneval score {args.out} --bench {bench.name}`")
@@ -116,8 +119,7 @@ def cmd_mjhq_generate(args) -> int:
     bench = _mjhq_bench(args.bench)
     n = bench.check_n(args.n if args.n is not None else bench.default_n)
     bench.preflight()
-    _out_folder(args.out, "mjhq_images")
-    gen, sampling = _folder_generator(args, bench)
+    gen, sampling = _folder_generator(args, bench, "mjhq_images")
     done = generate_folder(gen, bench, args.out, n, args.seed, sampling, progress=not args.quiet)
     print(f"{args.out}: {done} image(s) generated now, {n - done} already there; score it with "
           f"`varbench mjhq score {args.out} --bench {bench.name} --n {n}`")
