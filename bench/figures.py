@@ -184,10 +184,9 @@ def short_labels(chains) -> Dict[str, str]:
     """``_short`` of each chain, except where two different chains would share a label (variants that differ
     in a parameter other than sparsity, e.g. stepvar's score=random / hpf / both): those get ``describe``'s
     label (the parameters that differ from the defaults), so no two points of a figure read alike."""
+    from collections import Counter
     short = {c: _short(c) for c in chains}
-    counts: Dict[str, int] = {}
-    for c in set(chains):
-        counts[short[c]] = counts.get(short[c], 0) + 1
+    counts = Counter(short.values())        # one per distinct chain (``short`` is keyed by chain)
     return {c: short[c] if counts[short[c]] == 1 else describe(c.split(" + ")) for c in chains}
 
 
@@ -725,11 +724,13 @@ def _style():
     return plt
 
 
-def figure(name: str, world: str = "tiny", root=None):
-    """Figure ``name`` drawn from the records under ``root`` (a matplotlib Figure; close it when done)."""
+def figure(name: str, world: str = "tiny", root=None, records: Optional[Dict[str, dict]] = None):
+    """Figure ``name`` drawn from the records under ``root`` (a matplotlib Figure; close it when done);
+    ``records`` (run id -> record, ``load_records``): those already read, for drawing several figures."""
     from bench.records import load_records
     spec = load_figure(name)
-    records = load_records(root, world, on_error=lambda p, e: None)
+    if records is None:
+        records = load_records(root, world, on_error=lambda p, e: None)
     plt = _style()
     fig, note = KINDS[spec["kind"]].draw(spec, records, world, root, plt)
     visible = [a for a in fig.axes if a.get_visible()]
@@ -746,10 +747,11 @@ def figure(name: str, world: str = "tiny", root=None):
     return fig
 
 
-def render(name: str, world: str = "tiny", root=None, out=None) -> List[Path]:
-    """Render figure ``name`` from the records under ``root``; returns the written PNG and PDF paths."""
+def render(name: str, world: str = "tiny", root=None, out=None, records: Optional[Dict[str, dict]] = None) -> List[Path]:
+    """Render figure ``name`` from the records under ``root`` (or ``records``, see ``figure``); returns the
+    written PNG and PDF paths."""
     from bench.resources import figures_out_dir
-    fig = figure(name, world, root)
+    fig = figure(name, world, root, records)
     plt = _style()
     folder = figures_out_dir(out) / world
     folder.mkdir(parents=True, exist_ok=True)

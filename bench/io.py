@@ -101,13 +101,23 @@ def save_png(path: str | os.PathLike, img_3HW) -> Path:
     return atomic_write(path, lambda fh: Image.fromarray(arr).save(fh, format="PNG"))
 
 
-def read_image(path: str | os.PathLike):
-    """An image file (PNG, JPEG, …) as a uint8 torch tensor [3, H, W], RGB."""
+def read_rgb(path: str | os.PathLike, remedy: str = "delete it and make it again", exif: bool = False):
+    """An image file (PNG, JPEG, …) as a uint8 numpy array [H, W, 3], RGB (``exif``: turned upright by its
+    EXIF orientation first). A truncated or foreign file is a ``ValueError`` naming it and ``remedy``:
+    PIL's own error names neither."""
     import numpy as np
+    from PIL import Image, ImageOps
+    try:
+        with Image.open(path) as im:
+            return np.array((ImageOps.exif_transpose(im) if exif else im).convert("RGB"))
+    except OSError as e:
+        raise ValueError(f"{path}: unreadable image ({e}); {remedy}") from None
+
+
+def read_image(path: str | os.PathLike, remedy: str = "delete it and make it again"):
+    """``read_rgb`` as a uint8 torch tensor [3, H, W]."""
     import torch
-    from PIL import Image
-    with Image.open(path) as im:
-        return torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1)
+    return torch.from_numpy(read_rgb(path, remedy)).permute(2, 0, 1)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

@@ -59,16 +59,10 @@ def _unreadable(d: Path, path: Path, e: Exception) -> CacheError:
                       f"again: it is remade from the same seeds")
 
 
-def _read(d: Path, i: int) -> torch.Tensor:
-    try:
-        return read_image(image_path(d, i))
-    except (OSError, ValueError) as e:   # truncated or not a PNG (PIL names neither the file nor the remedy)
-        raise _unreadable(d, image_path(d, i), e) from None
-
-
 def load_images(d: Path, lo: int, hi: int) -> torch.Tensor:
-    """uint8 [hi − lo, 3, H, W] of cached images lo … hi − 1."""
-    return torch.stack([_read(d, i) for i in range(lo, hi)])
+    """uint8 [hi − lo, 3, H, W] of cached images lo … hi − 1 (an unreadable one: a ``ValueError`` naming it)."""
+    remedy = f"the unmodified model's cached output; delete {d} and run again: it is remade from the same seeds"
+    return torch.stack([read_image(image_path(d, i), remedy) for i in range(lo, hi)])
 
 
 def complete(d: Path, orig: RunSpec) -> bool:

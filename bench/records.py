@@ -507,9 +507,10 @@ def iter_records(root: str | os.PathLike | None = None, world: Optional[str] = N
             record = read_record(path)
             # a record lives at its spec's path: a copy or a moved file would count the run twice or
             # under another model/bench
-            home = RunSpec.from_record(record).path(base)
+            spec = RunSpec.from_record(record)
+            home = spec.path(base)
             if path.relative_to(base) != home.relative_to(base):
-                raise RecordError(f"{path}: holds run {record['run_id']} ({RunSpec.from_record(record).label()}), "
+                raise RecordError(f"{path}: holds run {record['run_id']} ({spec.label()}), "
                                   f"whose record is {home}: a copied or moved file? delete it"
                                   + ("" if home.exists() else " or move it there"))
             yield path, record

@@ -91,13 +91,14 @@ class ToMePolicy(TokenPolicy):
         self.ratio, self.kinds, self.use_rand, self.seed = dict(ratio_by_scale), frozenset(kinds), use_rand, seed
         self.hw: Tuple[int, int] = (0, 0)
         self.rng: Optional[torch.Generator] = None
+        self.block_merge: Dict[int, tuple] = {}   # block -> its merge at this scale, made at its attention
 
     def begin(self, batch: int, patch_nums) -> None:
         self.rng = None
 
     def begin_scale(self, si: int, pn) -> None:
         self.hw = tuple(pn) if isinstance(pn, (tuple, list)) else (pn, pn)
-        self.block_merge: Dict[int, tuple] = {}   # block -> its merge, made at its attention
+        self.block_merge = {}
 
     def sublayer(self, si, kind, block_idx, h_BLC, fn, x_BLC=None):
         ratio = self.ratio.get(si, 0.0)

@@ -286,7 +286,8 @@ def test_figures_exit_codes_say_what_was_drawn(tmp_path, capsys, monkeypatch):
     import bench.figures
     drawn = []
 
-    def render(name, world, root, out):
+    def render(name, world, root, out, records):
+        assert records == {}                                            # read once by the command, passed on
         if name.startswith("bad"):
             raise ValueError(f"figure {name}: no records")
         drawn.append((name, world, root, out))

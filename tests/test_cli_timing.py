@@ -13,9 +13,6 @@ class _Spec:
     def path(self, root):
         return f"{root}/{self.chain}@{self.cu}.json"
 
-    def key(self):
-        return f"{self.chain}@{self.cu}"
-
 
 @pytest.fixture
 def fake_latency(monkeypatch):
@@ -101,7 +98,7 @@ def test_latency_chains_are_spelled_as_requested_and_not_twice(capsys, fake_late
     assert fake_latency["specs"][0]["chains"] == ["magnitude:sparsity=0.4 + psad", "dense"]
     r = _out(capsys, ["latency", "--model", "tiny-var", "--method", "dense", "--method", "magnitude",
                       "--method", "dense", "--quiet"], rc=2)
-    assert r.err == "varbench: error: --method given twice with the same chain: ['dense', 'magnitude', 'dense']\n"
+    assert r.err == "varbench: error: --method 'dense' and --method 'dense' are the same configuration (dense): give it once\n"
     assert len(fake_latency["specs"]) == 1
 
 

@@ -313,7 +313,7 @@ def test_random_weights_records_name_no_file_and_are_not_stale(tmp_path, capsys)
     (["--warmup", "0"], "--warmup 0"),
     (["--device", "coreml"], "macOS only"),
     (["--method", "magnitud"], "did you mean 'magnitude'"),
-    (["--method", "dense", "--method", "dense"], "same chain"),
+    (["--method", "dense", "--method", "dense"], "are the same configuration (dense): give it once"),
 ])
 @pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
 def test_bad_latency_arguments_are_one_clear_line(capsys, tmp_path, extra, msg):

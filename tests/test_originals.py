@@ -124,9 +124,11 @@ def test_an_unreadable_cache_says_which_file_and_to_remake_it(tmp_path):
     assert str(e.value).endswith(f"); delete {d} and run again: it is remade from the same seeds")
     img = originals.image_path(d, 7)
     img.write_bytes(img.read_bytes()[:40])
-    with pytest.raises(originals.CacheError) as e:
+    with pytest.raises(ValueError) as e:
         originals.load_images(d, 4, 8)
-    assert str(e.value).startswith(f"{img}: the unmodified model's cached output is unreadable (")
+    assert str(e.value).startswith(f"{img}: unreadable image (")
+    assert str(e.value).endswith(f"); the unmodified model's cached output; delete {d} and run again: it is remade "
+                                 f"from the same seeds")
     with pytest.raises(ValueError):                                  # the CLI's one-line errors
         originals.load_images(d, 7, 8)
 

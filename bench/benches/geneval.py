@@ -201,19 +201,15 @@ def score_folder(folder, detector, rows: Optional[Sequence[dict]] = None, n: Opt
                  progress: bool = True):
     """``score_images`` over a GenEval folder (see ``scan_folder`` for ``rows`` and ``n``). Bad options and
     unreadable images are errors naming them, raised before any image is scored."""
-    import numpy as np
-    from PIL import Image, ImageOps
 
     from bench.metrics.geneval import _options
     options = _options(options)          # before the folder is read
     items = [(row, p) for _, row, paths in scan_folder(folder, rows, n) for p in paths]
 
-    def load(p):
-        try:
-            return np.asarray(ImageOps.exif_transpose(Image.open(p)).convert("RGB"))
-        except OSError as e:    # truncated, not an image: PIL names neither the file nor the remedy
-            raise ValueError(f"{p}: unreadable image ({e}); delete it and generate the folder again "
-                             f"(`varbench geneval generate` redoes the prompts whose images are missing)") from None
+    from bench.io import read_rgb
+    remedy = ("delete it and generate the folder again (`varbench geneval generate` redoes the prompts whose "
+              "images are missing)")
+    load = lambda p: read_rgb(p, remedy, exif=True)  # noqa: E731
     return score_images(detector, (load(p) for _, p in items), [r for r, _ in items], [str(p) for _, p in items],
                         options, progress)
 
@@ -233,7 +229,7 @@ def missing_of(results, rows: Sequence[dict], n: int = IMAGES_PER_PROMPT) -> Opt
     as the official evaluator does (whatever images are there); this says by how much it falls short
     and which tasks the overall score then leaves out."""
     from bench.metrics.geneval import TAGS
-    keys, have = [_prompt_key(json.dumps(r)) for r in rows], [0] * len(rows)
+    keys, have = [json.dumps(r, sort_keys=True) for r in rows], [0] * len(rows)
     for name, meta in zip(results["filename"], results["metadata"]):
         d = Path(name).parent.parent.name           # <index>/samples/NNNN.png
         if d.isdigit() and int(d) < len(rows) and _prompt_key(meta) == keys[int(d)]:

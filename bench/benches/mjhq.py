@@ -150,14 +150,9 @@ def score_folder(bench: "_MJHQBench", folder, n: int, stream, progress: bool = T
         raise FileNotFoundError(f"{folder}: missing {', '.join(missing[:3])}{more}; generate them "
                                 f"(`varbench mjhq generate` resumes where it stopped)")
     prompts = list(chosen["prompt"])
-
-    def image(p):
-        try:
-            return read_image(p)
-        except OSError as e:    # truncated, not an image: PIL names neither the file nor the remedy
-            raise ValueError(f"{p}: unreadable image ({e}); delete it and generate it again (`varbench mjhq "
-                             f"generate {folder} --bench {bench.name} --n {n}` redoes the missing images)") from None
-    read = lambda lo, hi: torch.stack([image(p) for p in paths[lo:hi]])   # noqa: E731
+    remedy = (f"delete it and generate it again (`varbench mjhq generate {folder} --bench {bench.name} --n {n}` "
+              f"redoes the missing images)")
+    read = lambda lo, hi: torch.stack([read_image(p, remedy) for p in paths[lo:hi]])   # noqa: E731
     feats, _, _ = stream(None, bench, prompts, 0, {}, cached=read, progress=progress, desc="mjhq features")
     return bench.score(feats, prompts, progress=progress)
 

@@ -23,20 +23,6 @@ def _given(path: str, what: str, example: str) -> str:
     return path
 
 
-def _out_folder(path: str, example: str) -> str:
-    """An output image folder, checked before the model is loaded: not empty, not a file, writable."""
-    from bench.io import check_writable_dir
-    check_writable_dir(_given(path, "the output folder", example), "output folder")
-    return path
-
-
-def _out_file(path: str, flag: str) -> str:
-    """An output file, checked before the scoring: not empty, not a folder, its folder writable."""
-    from bench.io import check_writable_file
-    check_writable_file(path, flag, "results.jsonl")
-    return path
-
-
 def _folder_bench(name: str, method: str, article: str, what: str):
     """The bench ``name`` if it has ``method`` (its folder workflow), else an error naming those that do."""
     from bench.registry import BENCHES
@@ -51,7 +37,7 @@ def _geneval_bench(name: str):
     return _folder_bench(name, "rows", "a", "GenEval")
 
 
-def _folder_generator(args, bench, example: str):
+def _folder_generator(args, bench):
     """(generator, sampling settings) of ``--model`` (default: the bench's) for the images of the folder
     ``args.out``: the model, its settings, the device and the folder are checked before anything is made
     or loaded (a wrong flag leaves no empty folder behind)."""
@@ -62,7 +48,8 @@ def _folder_generator(args, bench, example: str):
         raise ValueError(f"--model {card.name} is not a text-to-image model ({', '.join(prompt_models())})")
     sampling = model_sampling(card.sampling, sampling_overrides(args), card.name)
     device = device_for(args, card.world)
-    _out_folder(args.out, example)
+    from bench.io import check_writable_dir
+    check_writable_dir(args.out, "output folder")   # not empty, not a file, writable
     return card(args.ckpt_dir, device=device).eval(), sampling
 
 
@@ -82,7 +69,8 @@ def cmd_geneval_score(args) -> int:
     bench = _geneval_bench(args.bench)
     _given(args.folder, "the image folder", "geneval_images")
     if args.out is not None:
-        _out_file(args.out, "--out")
+        from bench.io import check_writable_file
+        check_writable_file(args.out, "--out", "results.jsonl")
     bad = [o for o in args.options if "=" not in o]
     if bad:
         raise ValueError(f"--options {' '.join(bad)}: give KEY=VALUE, e.g. --options threshold=0.3")
@@ -103,7 +91,7 @@ def cmd_geneval_generate(args) -> int:
     from bench.benches.geneval import IMAGES_PER_PROMPT, generate_folder
     bench = _geneval_bench(args.bench)
     rows = bench.rows()
-    gen, sampling = _folder_generator(args, bench, "geneval_images")
+    gen, sampling = _folder_generator(args, bench)
     done = generate_folder(gen, rows, args.out, args.seed, sampling, IMAGES_PER_PROMPT, progress=not args.quiet)
     print(f"{args.out}: {done} prompt(s) generated now, {len(rows) - done} already there; "
           f"score it with `varbench geneval score {args.out} --bench {bench.name}`")
@@ -119,7 +107,7 @@ def cmd_mjhq_generate(args) -> int:
     bench = _mjhq_bench(args.bench)
     n = bench.check_n(args.n if args.n is not None else bench.default_n)
     bench.preflight()
-    gen, sampling = _folder_generator(args, bench, "mjhq_images")
+    gen, sampling = _folder_generator(args, bench)
     done = generate_folder(gen, bench, args.out, n, args.seed, sampling, progress=not args.quiet)
     print(f"{args.out}: {done} image(s) generated now, {n - done} already there; score it with "
           f"`varbench mjhq score {args.out} --bench {bench.name} --n {n}`")

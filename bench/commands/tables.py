@@ -101,11 +101,12 @@ def cmd_figures(args) -> int:
     root = results_root(args.results)
     if root.exists() and not root.is_dir():
         raise ValueError(f"--results {root} is a file, not a folder of records")
-    load_records(root, world)   # once, to name the unreadable records the figures will leave out
+    # read once for every figure, naming the unreadable records the figures leave out
+    records = {r["run_id"]: r for r in load_records(root, world).values()}
     failed = 0
     for name in names:
         try:
-            paths = render(name, world=world, root=args.results, out=args.out)
+            paths = render(name, world=world, root=args.results, out=args.out, records=records)
         except ValueError as e:
             if len(names) == 1:
                 raise

@@ -19,6 +19,7 @@ def _check_coreml_model(name: str) -> None:
 def cmd_latency(args) -> int:
     from bench.plan import requested_chain
     from bench.registry import MODELS
+    from bench.spec import resolve_chain
     card = MODELS.get(args.model)
     world = args.world or card.world
     coreml = (args.device or "") == "coreml"
@@ -32,8 +33,13 @@ def cmd_latency(args) -> int:
         raise ValueError("--compute-units applies to --device coreml only")
     device = "coreml" if coreml else device_for(args, world)
     chains = [" + ".join(requested_chain(m)) or "dense" for m in (args.method or ["dense"])]
-    if len(set(chains)) != len(chains):
-        raise ValueError(f"--method given twice with the same chain: {chains}")
+    first: dict = {}
+    for chain in chains:   # the same chain twice, or spelled differently and resolved alike (a default written out)
+        resolved = " + ".join(resolve_chain(chain)) or "dense"
+        if resolved in first:
+            raise ValueError(f"--method {first[resolved]!r} and --method {chain!r} are the same configuration "
+                             f"({resolved}): give it once")
+        first[resolved] = chain
     from bench.benches.latency import available_cpus
     cpus = available_cpus()
     if device == "cpu" and args.threads and args.threads > cpus:
@@ -49,12 +55,6 @@ def cmd_latency(args) -> int:
                                ckpt_dir=args.ckpt_dir, random_weights=args.random_weights,
                                sampling=sampling_overrides(args))
         labels += [c + (f" @ {cu}" if cu else "") for c in chains]
-    first = {}
-    for spec, chain in zip(specs, chains * (len(specs) // len(chains))):
-        if spec.key() in first:   # spelled differently, resolved alike (e.g. a default written out)
-            raise ValueError(f"--method {first[spec.key()]!r} and --method {chain!r} are the same configuration "
-                             f"({' + '.join(spec.methods) or 'dense'}): give it once")
-        first[spec.key()] = chain
     records = run_latency(specs, root=args.results, ckpt_dir=args.ckpt_dir, force=args.force,
                           progress=not args.quiet)
     from bench.shard import rank
