@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--compile", action="store_true", help="wrap each block's attention and FFN in torch.compile "
                     "(static shapes; warm-up goes on until nothing new compiles; compile time and graph count "
                     "reported separately)")
+    sp.add_argument("--cuda-graphs", action="store_true", help="--device cuda: replay each scale's blocks and head "
+                    "as a CUDA graph captured in the warm-up (dense and weight-pruned models of the class-conditional "
+                    "VAR family; sampling and decode stay eager); capture time reported separately")
     sp.add_argument("--compute-units", action="append", default=None, choices=("CPU_AND_NE", "ALL", "CPU_AND_GPU", "CPU_ONLY"),
                     help="--device coreml: Core ML compute-unit setting, repeatable (default: CPU_AND_NE, ALL, "
                          "CPU_AND_GPU, the rows of EVAR Table 5); each gets its own record with #CPU/#GPU/#NPU ops")

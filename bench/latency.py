@@ -56,7 +56,14 @@ no timed generation compiles; ``compile_s`` is the warm-up's time over that many
 generations and ``compile_graphs`` the graphs compiled in it (graphs shared with a configuration
 warmed up earlier are not compiled again); graphs compiled during the timed generations (none
 expected) are recorded as ``compile_graphs_timed``, with a warning printed when there are any.
-Records: ``bench = "latency"``, the setting (device, batch, threads, compile, warmup) in
+``cuda_graphs`` (CUDA only; class-conditional VAR models without a token method): each scale's blocks
+and head are replayed as a CUDA graph (``bench.models.graphs``), captured in the first warm-up
+generation; the record's cost holds ``graphs_capture_s``, ``graphs_count`` and ``graphs_held_mb``
+(what the graphs hold: their static inputs and KV buffers and their memory pool's segments, counted in
+the peak memory as ``graphs_mb``: a replay allocates nothing, so the working memory holds only the
+eager steps). A capture empties PyTorch's cache of free blocks, so after every configuration's
+warm-up each runs one more untimed generation before the timed ones.
+Records: ``bench = "latency"``, the setting (device, batch, threads, compile, CUDA graphs, warmup) in
 the protocol, ``n`` = reps.
 """
 from __future__ import annotations
@@ -182,8 +189,14 @@ def peak_memory(cfg: "Config", timer: "Timer", seed: int) -> Optional[Dict[str, 
     with torch.no_grad():
         work = working_mb(lambda: timed_generation(cfg, timer, seed), device)
     source = "CUDA max_memory_allocated above its start" if timer.cuda else "PyTorch allocator events"
-    return {"value": weights + work, "weights_mb": weights, "working_mb": work,
-            "kind": f"weights + peak working memory of one generation ({source})"}
+    out = {"value": weights + work, "weights_mb": weights, "working_mb": work,
+           "kind": f"weights + peak working memory of one generation ({source})"}
+    if cfg.graphs is not None:   # a replay allocates nothing: the graphs' memory was reserved at capture
+        out["graphs_mb"] = cfg.graphs["graphs_held_mb"]
+        out["value"] += out["graphs_mb"]
+        out["kind"] = (f"weights + what the CUDA graphs hold + peak working memory of one "
+                       f"generation ({source})")
+    return out
 
 
 # ------------------------------------------------------------------------------------------ timing
@@ -224,6 +237,7 @@ class Config:
     sampling: dict
     compile_s: Optional[float] = None
     compile_graphs: Optional[int] = None
+    graphs: Optional[dict] = None   # --cuda-graphs: capture time and memory (bench.models.graphs)
 
 
 def timed_generation(cfg: Config, timer: Timer, seed: int) -> Tuple[float, List[float], float]:
@@ -304,6 +318,10 @@ def warm_up(cfg: Config, timer: Timer, warmup: int, seed: int, compile: bool) ->
     if compile:
         cfg.compile_s = max(sum(times) - len(times) * times[-1], 0.0)
         cfg.compile_graphs = graphs() - start
+    captured = getattr(cfg.gen, "_scale_graphs", None)
+    if captured is not None:   # captured in the first warm-up generation
+        cfg.graphs = {"graphs_capture_s": captured.capture_s, "graphs_count": len(captured.replays),
+                      "graphs_held_mb": captured.held_mb}
 
 
 def measure(configs: Sequence[Config], device: str, reps: int, warmup: int, seed: int = 0, compile: bool = False,
@@ -318,6 +336,9 @@ def measure(configs: Sequence[Config], device: str, reps: int, warmup: int, seed
     with torch.no_grad(), compile_settings(compile):
         for cfg in configs:
             warm_up(cfg, timer, warmup, seed, compile)
+        if any(cfg.graphs for cfg in configs):   # a capture emptied the allocator's cache of the others' blocks
+            for cfg in configs:
+                timed_generation(cfg, timer, seed)
         runs: Dict[str, list] = {c.label: [] for c in configs}
         for r in tqdm(range(reps), desc="latency", disable=not progress):
             k = r % len(configs)
@@ -338,6 +359,7 @@ def measure(configs: Sequence[Config], device: str, reps: int, warmup: int, seed
                               "decode_ms": round(float(np.median(decode)) * 1e3, 3), "n": reps},
                 "compile": None if not compile else {"compile_s": cfg.compile_s, "compile_graphs": cfg.compile_graphs,
                                                      "compile_graphs_timed": timed_graphs[cfg.label]},
+                "graphs": cfg.graphs,
             }
     return out
 
@@ -439,6 +461,7 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool) -> List[dic
     device, batch, threads, warmup, compile_ = p["device"], p["batch"], p["threads"], p["warmup"], p["compile"]
     if threads:
         torch.set_num_threads(int(threads))
+    use_cuda_device(device)
     configs, timings, gens_cost, extra = [], {}, {}, {}
     coreml = device == "coreml"
     packages: Dict[tuple, tuple] = {}
@@ -471,6 +494,9 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool) -> List[dic
                 gens_cost[spec.key()] = (torch_gen, ctx.notes)
             else:
                 gen, ctx, timings[spec.key()] = prepared_generator(spec, device, ckpt_dir, progress)
+                if p.get("cuda_graphs"):   # captured in the first warm-up generation
+                    from bench.models.graphs import cuda_capture
+                    gen.graph_capture = cuda_capture
                 labels = labels.to(device) if isinstance(labels, torch.Tensor) else labels
                 gens_cost[spec.key()] = (gen, ctx.notes)
             configs.append(Config(label=spec.key(), gen=gen, labels=labels, sampling=dict(spec.sampling)))
@@ -503,6 +529,7 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool) -> List[dic
                 "per_scale_ms": r["breakdown"]["scale_ms"], "decode_ms": r["breakdown"]["decode_ms"],
                 "breakdown_n": r["breakdown"]["n"], "threads": thread_info()}
         cost.update(r["compile"] or {})
+        cost.update(r["graphs"] or {})
         cost.update(extra.get(spec.key(), {}))
         tm = {**timings[spec.key()], "measure_s": measure_s}
         tm["total_s"] = sum(tm.values())
@@ -510,6 +537,14 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool) -> List[dic
         write_record(spec.path(root), rec)
         records[spec.key()] = rec
     return [records[k] for k in requested]
+
+
+def use_cuda_device(device: str) -> None:
+    """``cuda:N`` becomes the current CUDA device: CUDA events, ``synchronize`` and graph capture follow
+    the current device, not the model's (``cuda`` alone: the current one already)."""
+    import torch
+    if device.startswith("cuda") and torch.device(device).index is not None:
+        torch.cuda.set_device(torch.device(device).index)
 
 
 def timing_partners(specs, records, root) -> list:
@@ -547,6 +582,7 @@ def report(specs, records, labels: Sequence[str]) -> str:
     lines = [f"{specs[0].model} · {p['device']} · batch {p['batch']}"
              + (f" · threads {p['threads']}" if p.get("threads") else "")
              + (" · torch.compile" if p.get("compile") else "")
+             + (" · CUDA graphs" if p.get("cuda_graphs") else "")
              + f" · {specs[0].n} timed generations per configuration, alternated, after {p['warmup']} warm-up"
              + (" (more under torch.compile until one compiles nothing)" if p.get("compile") else ""),
              f"{'configuration':34s} {'median ms':>10s} {'IQR':>8s} {'p90':>9s} {'95% CI of median':>20s} "
@@ -576,6 +612,8 @@ def report(specs, records, labels: Sequence[str]) -> str:
         lines.append(f"  {lab[:32]:32s} " + " ".join(f"{x:.0f}" for x in c["per_scale_ms"])
                      + f" | decode {c['decode_ms']:.0f}" + (f" | compile {c['compile_s']:.1f} s" if "compile_s" in c else "")
                      + (f", {c['compile_graphs']} graphs" if "compile_graphs" in c else "")
+                     + (f" | {c['graphs_count']} CUDA graphs captured in {c['graphs_capture_s']:.1f} s, "
+                        f"holding {c['graphs_held_mb']:.0f} MiB" if "graphs_capture_s" in c else "")
                      + (f" | scales {scales:.0f} ms, {base_scales / scales:.2f}×" if scales > 0 else ""))
     model = pass_model(base["cost"])
     if model is not None:

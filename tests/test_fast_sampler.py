@@ -3,6 +3,8 @@ preallocated KV cache, and the decoder's in-place inference path give bit-identi
 and images to the plain official loop (AdaLN per scale, KV re-concatenated every scale, out-of-place
 decoder). The official golden outputs (tests/test_official_var.py) pin the same loop against the
 official code; these tests pin each optimisation on its own so a broken one is named."""
+import time
+
 import pytest
 import torch
 
@@ -135,3 +137,194 @@ def test_reuse_heap_keeps_values_and_restores_mmap(small_gen, monkeypatch):
     monkeypatch.setattr(heap, "_MALLOPT", None)
     with torch.no_grad():
         assert torch.equal(small_gen.generate(labels, seed=1, cfg=CFG, top_k=TOP_K, top_p=TOP_P), a)
+
+
+# ------------------------------------------------------------------ CUDA graphs' buffer protocol
+@torch.no_grad()
+@pytest.mark.parametrize("l2_norm", [False, True])
+def test_graph_protocol_replays_the_official_loop_bit_for_bit(l2_norm):
+    """Per-scale graphs (bench.models.graphs) under the eager capture: static inputs, one KV buffer per
+    block bound at the scale's offsets, the AdaLN vectors from scale 0's step. Several generations in a
+    row (other labels, seeds, no CFG) replay the same steps and still give the official loop's values."""
+    from bench.models.graphs import ScaleGraphs, eager_capture
+    from bench.models.var import VAR
+    from tests.conftest import SMALL_VAR, make_small_gen, randomize_
+    gen = make_small_gen()
+    if l2_norm:   # cosine attention (var-d30's, Infinity's): the q/k normalisation inside the graph
+        gen.var = randomize_(VAR(SMALL_VAR.replace(attn_l2_norm=True)), 1).eval()
+    gen.graph_capture = eager_capture
+    for labels, seed in ((LABELS, 0), (torch.tensor([3, 1, 1]), 7), (LABELS, 0)):
+        toks, f_hat = gen.sample_tokens(labels, seed=seed, cfg=CFG, top_k=TOP_K, top_p=TOP_P)
+        ref_toks, ref_f_hat = official_loop(gen, labels, seed, CFG, TOP_K, TOP_P)
+        assert all(torch.equal(a, b) for a, b in zip(toks, ref_toks))
+        assert torch.equal(f_hat, ref_f_hat)
+    graphs = gen._scale_graphs
+    assert isinstance(graphs, ScaleGraphs) and len(graphs.replays) == len(gen.patch_nums)
+    var, B2 = gen.var, 2 * len(LABELS)
+    static = 4 * (B2 * var.C * (1 + var.L) + sum(2 * B2 * b.attn.H * var.L * b.attn.c for b in var.blocks))
+    assert graphs.held_mb * 2 ** 20 == static          # off a GPU: the static inputs and KV buffers only
+    assert all(b.attn.kv_k is None and not b.attn.caching for b in gen.var.blocks)   # left as eager finds it
+    gen.graph_capture = None
+    plain = gen.sample_tokens(LABELS[:2], seed=3, cfg=None, top_k=TOP_K, top_p=TOP_P)
+    gen.graph_capture = eager_capture   # no CFG: B rows, not 2B: captured again
+    toks, f_hat = gen.sample_tokens(LABELS[:2], seed=3, cfg=None, top_k=TOP_K, top_p=TOP_P)
+    assert gen._scale_graphs is not graphs and gen._scale_graphs.cond_2BD.shape[0] == 2
+    assert all(torch.equal(a, b) for a, b in zip(toks, plain[0])) and torch.equal(f_hat, plain[1])
+
+
+@torch.no_grad()
+def test_graphs_are_captured_again_for_replaced_weights_and_read_edited_ones(small_gen):
+    from bench.models.graphs import eager_capture
+    small_gen.graph_capture = eager_capture
+    small_gen.sample_tokens(LABELS, seed=0, cfg=CFG)
+    first = small_gen._scale_graphs
+    small_gen.var.blocks[1].ffn.fc2.weight.mul_(0.5)            # edited in place: the same graphs read it
+    toks, f_hat = small_gen.sample_tokens(LABELS, seed=0, cfg=CFG, top_k=TOP_K, top_p=TOP_P)
+    assert small_gen._scale_graphs is first
+    ref_toks, ref_f_hat = official_loop(small_gen, LABELS, 0, CFG, TOP_K, TOP_P)
+    assert all(torch.equal(a, b) for a, b in zip(toks, ref_toks)) and torch.equal(f_hat, ref_f_hat)
+    fc1 = small_gen.var.blocks[0].ffn.fc1                        # replaced (a physical prune): captured again
+    fc1.weight = torch.nn.Parameter(fc1.weight.detach().clone() * 1.5)
+    toks2, f_hat2 = small_gen.sample_tokens(LABELS, seed=0, cfg=CFG, top_k=TOP_K, top_p=TOP_P)
+    assert small_gen._scale_graphs is not first
+    ref_toks, ref_f_hat = official_loop(small_gen, LABELS, 0, CFG, TOP_K, TOP_P)
+    assert all(torch.equal(a, b) for a, b in zip(toks2, ref_toks)) and torch.equal(f_hat2, ref_f_hat)
+
+
+def test_graphs_refuse_a_token_policy(small_gen):
+    from bench.models.graphs import eager_capture
+    from bench.models.policy import TokenPolicy
+
+    class Keep(TokenPolicy):
+        name = "keep-some"
+    small_gen.graph_capture, small_gen.token_policy = eager_capture, Keep()
+    with pytest.raises(ValueError, match="token policy 'keep-some' chooses the tokens"):
+        small_gen.sample_tokens(LABELS, seed=0)
+
+
+def test_cuda_capture_protocol_with_the_cuda_calls_mocked(small_gen, monkeypatch):
+    """The GPU path's order, with only torch.cuda's calls replaced: every scale warmed up on the graphs'
+    own side stream first, then one graph per scale captured on that stream in one shared pool, the replay
+    bound to each graph; the memory held is the static buffers' plus the pool's segments."""
+    from bench.models import graphs as G
+    log = []
+
+    class Stream:
+        def __init__(self, device=None):
+            log.append(("new-stream", device))
+
+        def wait_stream(self, other):
+            log.append(("wait",))
+
+    class Default:
+        def wait_stream(self, other):
+            log.append(("default-waits", other))
+
+    class Graph:
+        def replay(self):
+            log.append(("replay", id(self)))
+
+    class Capturing:
+        def __init__(self, graph, pool, stream):
+            self.graph, self.pool, self.stream = graph, pool, stream
+
+        def __enter__(self):
+            log.append(("capture", id(self.graph), self.pool, self.stream))
+
+        def __exit__(self, *exc):
+            return False
+
+    class StreamCtx:
+        def __init__(self, s):
+            self.s = s
+
+        def __enter__(self):
+            log.append(("on-stream", self.s))
+
+        def __exit__(self, *exc):
+            log.append(("off-stream",))
+
+    fake = dict(CUDAGraph=Graph, graph=Capturing, graph_pool_handle=lambda: (7, 0), Stream=Stream,
+                stream=StreamCtx, current_stream=Default, synchronize=lambda device=None: log.append(("sync", device)))
+    for name, value in fake.items():
+        monkeypatch.setattr(G.torch.cuda, name, value)
+    monkeypatch.setattr(G, "check_current_device", lambda device: log.append(("device-checked", device)))
+    monkeypatch.setattr(G, "pool_bytes", lambda pool, device: 3 * 2 ** 20 if pool == (7, 0) else 0)
+    steps = []
+    real_step = G.ScaleGraphs._step
+    blocks = len(small_gen.var.blocks)
+    monkeypatch.setattr(G.ScaleGraphs, "_step", lambda self, si: steps.append((si, si == 0 or len(self.ada) == blocks))
+                        or real_step(self, si))
+    t0 = time.perf_counter()
+    g = G.ScaleGraphs(small_gen.var, 6, G.cuda_capture, warmup=2)
+    elapsed = time.perf_counter() - t0
+    K = len(small_gen.patch_nums)
+    assert steps == [(si, True) for si in range(K)] * 3    # two warm-ups (every block), then each scale captured
+    assert 0 < g.capture_s <= elapsed
+    assert log[-1] == ("sync", torch.device("cpu"))        # the captures have finished when it returns
+    assert all(b.attn.kv_k is None and not b.attn.caching for b in small_gen.var.blocks)   # the eager cache unbound
+    assert log[0] == ("device-checked", torch.device("cpu"))
+    (own,) = [i for i, e in enumerate(log) if e[0] == "new-stream"]
+    kinds = [e[0] for e in log]
+    assert kinds[own + 1:own + 3] == ["wait", "on-stream"] and kinds.index("off-stream") < kinds.index("capture")
+    stream = log[own + 2][1]
+    captures = [e for e in log if e[0] == "capture"]
+    assert len(captures) == K and {e[2] for e in captures} == {(7, 0)} and len({e[1] for e in captures}) == K
+    assert all(e[3] is stream for e in captures)           # warmed up and captured on the graphs' own stream
+    assert ("default-waits", stream) in log[kinds.index("off-stream"):kinds.index("capture")]
+    g.run(0, torch.zeros(6, 1, small_gen.var.C), torch.zeros(6, small_gen.var.C))
+    assert log[-1] == ("replay", captures[0][1])
+    static = 4 * (6 * small_gen.var.C * (1 + sum(pn * pn for pn in small_gen.patch_nums))
+                  + sum(2 * 6 * b.attn.H * small_gen.var.L * b.attn.c for b in small_gen.var.blocks))
+    assert g.held_mb == pytest.approx(static / 2 ** 20 + 3) and len(g.ada) == len(small_gen.var.blocks)
+
+
+def test_graphs_need_the_model_on_the_current_cuda_device_and_count_their_pool(monkeypatch):
+    from bench.models import graphs as G
+    monkeypatch.setattr(G.torch.cuda, "current_device", lambda: 0)
+    G.check_current_device(torch.device("cuda", 0))
+    with pytest.raises(ValueError, match=r"on cuda:1 but the current CUDA device is cuda:0: call "
+                                         r"torch.cuda.set_device\('cuda:1'\) first"):
+        G.check_current_device(torch.device("cuda", 1))
+    segments = [{"device": 0, "total_size": 100, "segment_pool_id": (7, 0)},
+                {"device": 0, "total_size": 30, "segment_pool_id": (0, 0)},      # the ordinary pool
+                {"device": 1, "total_size": 50, "segment_pool_id": (7, 0)},      # another device
+                {"device": 0, "total_size": 20, "segment_pool_id": [7, 0]}]
+    monkeypatch.setattr(G.torch.cuda, "memory_snapshot", lambda: segments)
+    assert G.pool_bytes((7, 0), "cuda:0") == 120
+
+
+def test_an_empty_cuda_graph_is_an_error_and_other_capture_warnings_pass(monkeypatch):
+    """A capture that recorded nothing (work sent to another device) would replay as a no-op."""
+    import warnings
+
+    from bench.models import graphs as G
+
+    class Graph:
+        def replay(self):
+            pass
+
+    def capturing(message):
+        class Capturing:
+            def __init__(self, graph, pool, stream):
+                pass
+
+            def __enter__(self):
+                pass
+
+            def __exit__(self, *exc):
+                warnings.warn(message, stacklevel=2)
+                return False
+        return Capturing
+    monkeypatch.setattr(G.torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(G.torch.cuda, "graph", capturing("The CUDA Graph is empty. This usually means that ..."))
+    for _ in range(2):   # every time, whatever the caller's warning filters say
+        with warnings.catch_warnings(), pytest.raises(RuntimeError) as e:
+            warnings.simplefilter("ignore")
+            G.cuda_capture(lambda: (torch.zeros(1),), None, None)
+        assert str(e.value) == ("the captured CUDA graph is empty (The CUDA Graph is empty. This usually means that "
+                                "...): the model's tensors are not on the current CUDA device")
+    monkeypatch.setattr(G.torch.cuda, "graph", capturing("something else"))
+    with pytest.warns(UserWarning, match="something else"):
+        replay, outs = G.cuda_capture(lambda: (torch.ones(1),), None, None)
+    assert torch.equal(outs[0], torch.ones(1))

@@ -136,6 +136,31 @@ def test_configurations_are_alternated_in_rotated_order():
     assert out["A"]["latency_ms"]["n"] == 4 and len(out["A"]["breakdown"]["scale_ms"]) == 3
 
 
+def test_graph_runs_record_their_capture_apart(small_gen):
+    """A generator with per-scale graphs (here the eager capture, the same protocol) is captured in its
+    first warm-up generation; the capture's time, graph count and held memory go to the result, the
+    held memory into the peak, and the timed generations replay."""
+    from bench.models.graphs import eager_capture
+    small_gen.graph_capture = eager_capture
+    out = measure([Config("G", small_gen, torch.tensor([0, 1]), {})], "cpu", reps=3, warmup=2, progress=False)["G"]
+    g = out["graphs"]
+    assert g["graphs_count"] == len(small_gen.patch_nums) and g["graphs_capture_s"] > 0
+    assert g["graphs_held_mb"] == out["peak_mem"]["graphs_mb"] > 0           # the static inputs and KV buffers
+    assert "what the CUDA graphs hold" in out["peak_mem"]["kind"]
+    assert out["peak_mem"]["value"] == pytest.approx(out["peak_mem"]["weights_mb"] + out["peak_mem"]["working_mb"]
+                                                     + g["graphs_held_mb"])
+    assert len(out["breakdown"]["scale_ms"]) == len(small_gen.patch_nums)
+
+
+def test_an_indexed_cuda_device_becomes_the_current_one(monkeypatch):
+    from bench.latency import use_cuda_device
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    for device in ("cpu", "cuda", "cuda:1", "coreml", "cuda:0"):
+        use_cuda_device(device)
+    assert calls == [1, 0]
+
+
 class _FakeCuda:
     """torch.cuda's events on a fake GPU clock: an event records the clock when recorded; only
     ``synchronize`` calls are logged (a Timer must not add any before the end of a generation)."""
@@ -314,6 +339,8 @@ def test_random_weights_records_name_no_file_and_are_not_stale(tmp_path, capsys)
     (["--device", "coreml"], "macOS only"),
     (["--method", "magnitud"], "did you mean 'magnitude'"),
     (["--method", "dense", "--method", "dense"], "are the same configuration (dense): give it once"),
+    (["--cuda-graphs"], "--cuda-graphs needs --device cuda (it replays captured GPU kernels), not 'cpu'"),
+    (["--cuda-graphs", "--method", "magnitude:sparsity=0.4 + fastvar"], "fastvar:"),
 ])
 @pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
 def test_bad_latency_arguments_are_one_clear_line(capsys, tmp_path, extra, msg):
@@ -327,6 +354,28 @@ def test_compile_is_refused_for_core_ml():
     with pytest.raises(ValueError, match="--compile applies to --device cpu or cuda"):
         LatencyBench(device="coreml", compile=True, compute_units="ALL")
     assert LatencyBench(device="coreml", compute_units="ALL").identity()["compile"] is False
+
+
+def test_cuda_graphs_setting_is_checked_and_keyed():
+    """Only graph runs carry the key (older records keep theirs); it needs CUDA and excludes --compile."""
+    assert "cuda_graphs" not in LatencyBench(device="cuda").identity()
+    bench = LatencyBench(device="cuda:1", cuda_graphs=True)
+    assert bench.identity()["cuda_graphs"] is True
+    assert LatencyBench.args_from_protocol(bench.identity())["cuda_graphs"] is True
+    with pytest.raises(ValueError, match="give one"):
+        LatencyBench(device="cuda", compile=True, cuda_graphs=True)
+    with pytest.raises(ValueError, match="needs --device cuda"):
+        LatencyBench(device="coreml", cuda_graphs=True, compute_units="ALL")
+
+
+@pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
+def test_cuda_graphs_refuse_text_to_image_models_and_token_methods(capsys, tmp_path):
+    err = err_of(capsys, ["latency", "--model", "tiny-t2i", "--cuda-graphs", "--results", str(tmp_path)])
+    assert "tiny-t2i is a text-to-image model; the graphs cover the class-conditional VAR models" in err
+    err = err_of(capsys, ["latency", "--model", "tiny-var", "--cuda-graphs", "--method", "dense",
+                          "--method", "tome", "--results", str(tmp_path)])
+    assert "is a token method" in err and "time it without --cuda-graphs" in err
+    assert not any(tmp_path.iterdir())
 
 
 def test_run_refuses_the_latency_bench(capsys):

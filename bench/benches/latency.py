@@ -1,6 +1,6 @@
 """The latency bench's declaration (torch-free): its protocol is documented and run in
 ``bench.latency``; ``varbench latency`` is its command. The setting (device, batch, threads, compile,
-warm-up) is part of the protocol, hence of every record's key."""
+CUDA graphs, warm-up) is part of the protocol, hence of every record's key."""
 from __future__ import annotations
 
 import os
@@ -29,7 +29,8 @@ class LatencyBench(Bench):
     num_classes = 1
 
     def __init__(self, device: str = "cpu", batch: int = 1, threads: Optional[int] = None, compile: bool = False,
-                 warmup: int = 2, compute_units: Optional[str] = None, precision: str = "fp16"):
+                 warmup: int = 2, compute_units: Optional[str] = None, precision: str = "fp16",
+                 cuda_graphs: bool = False):
         from bench.defaults import BATCH_MAX
         if not 1 <= batch <= BATCH_MAX:
             raise ValueError(f"--batch {batch}: must be in [1, {BATCH_MAX}]")
@@ -47,7 +48,11 @@ class LatencyBench(Bench):
         if compile and device == "coreml":
             raise ValueError("--compile applies to --device cpu or cuda (torch.compile); Core ML compiles its "
                              "package itself when it loads it")
-        self.compute_units, self.precision = compute_units, precision
+        if cuda_graphs and not device.startswith("cuda"):
+            raise ValueError(f"--cuda-graphs needs --device cuda (it replays captured GPU kernels), not {device!r}")
+        if cuda_graphs and compile:
+            raise ValueError("--cuda-graphs and --compile: give one (each times its own way of cutting launches)")
+        self.compute_units, self.precision, self.cuda_graphs = compute_units, precision, cuda_graphs
         self.threads = threads if threads is not None else available_cpus()
 
     def identity(self) -> Dict[str, object]:
@@ -56,6 +61,8 @@ class LatencyBench(Bench):
                "threads": self.threads if dev == "cpu" else None, "compile": self.compile, "warmup": self.warmup}
         if dev == "coreml":   # only Core ML runs carry these (older records keep their keys)
             out.update(compute_units=self.compute_units, precision=self.precision)
+        if self.cuda_graphs:  # only graph runs carry it (older records keep their keys)
+            out["cuda_graphs"] = True
         if self.compile:      # what is compiled (bench.latency.install_compile); earlier compiled records
             out["compile_scope"] = "sublayers"   # wrapped whole blocks, past dynamo's limit partly eager
         return out
@@ -70,5 +77,5 @@ class LatencyBench(Bench):
     def args_from_protocol(cls, protocol: Optional[Mapping]) -> Dict[str, object]:
         """The constructor arguments a recorded protocol was made with (to re-make its spec)."""
         p = dict(protocol or {})
-        keys = ("device", "batch", "threads", "compile", "warmup", "compute_units", "precision")
+        keys = ("device", "batch", "threads", "compile", "warmup", "compute_units", "precision", "cuda_graphs")
         return {k: p[k] for k in keys if p.get(k) is not None}

@@ -16,6 +16,21 @@ def _check_coreml_model(name: str) -> None:
                          f"VAR models: {', '.join(fits)}")
 
 
+def _check_graphs(name: str, chains) -> None:
+    """CUDA graphs replay the plain per-scale loop of the class-conditional VAR generator
+    (bench.models.graphs): say so before any work for other models and for token methods."""
+    from bench.registry import MODELS
+    from bench.spec import method_kind, parse_method, resolve_chain
+    if takes_prompts(MODELS.get(name)):
+        raise ValueError(f"--cuda-graphs: {name} is a text-to-image model; the graphs cover the class-conditional VAR "
+                         f"models ({', '.join(n for n in MODELS.names() if not takes_prompts(MODELS.get(n)))})")
+    for chain in chains:
+        tokens = [m for m in resolve_chain(chain) if method_kind(parse_method(m)[0]) == "tokens"]
+        if tokens:
+            raise ValueError(f"--cuda-graphs: {tokens[0]} is a token method, which chooses the tokens each scale runs "
+                             f"per generation; a captured graph cannot follow that: time it without --cuda-graphs")
+
+
 def cmd_latency(args) -> int:
     from bench.plan import requested_chain
     from bench.registry import MODELS
@@ -32,6 +47,8 @@ def cmd_latency(args) -> int:
     elif args.compute_units:
         raise ValueError("--compute-units applies to --device coreml only")
     device = "coreml" if coreml else device_for(args, world)
+    if args.cuda_graphs:
+        _check_graphs(args.model, args.method or ["dense"])
     chains = [" + ".join(requested_chain(m)) or "dense" for m in (args.method or ["dense"])]
     first: dict = {}
     for chain in chains:   # the same chain twice, or spelled differently and resolved alike (a default written out)
@@ -47,7 +64,8 @@ def cmd_latency(args) -> int:
               f"threads will share cores and the timings measure that contention (the default is {cpus})",
               file=sys.stderr)
     from bench.latency import latency_specs, report, run_latency
-    setting = dict(device=device, batch=args.batch, threads=args.threads, compile=args.compile, warmup=args.warmup)
+    setting = dict(device=device, batch=args.batch, threads=args.threads, compile=args.compile, warmup=args.warmup,
+                   **({"cuda_graphs": True} if args.cuda_graphs else {}))
     specs, labels = [], []
     for cu in ((args.compute_units or ["CPU_AND_NE", "ALL", "CPU_AND_GPU"]) if coreml else [None]):
         extra = dict(compute_units=cu, precision=args.precision) if coreml else {}

@@ -64,6 +64,9 @@ class Generator(nn.Module):
                              f"vocab {var.V} vs {vae.V}, Cvae {var.Cvae} vs {vae.Cvae}")
         self.var, self.vae, self.name = var, vae, name
         self.token_policy = token_policy or TokenPolicy()
+        # CUDA graphs of the per-scale passes (bench.models.graphs): None, or how a scale is captured
+        self.graph_capture = None
+        self._scale_graphs = None
 
     @property
     def device(self) -> torch.device:
@@ -84,13 +87,29 @@ class Generator(nn.Module):
         return self.var.patch_nums
 
     # ------------------------------------------------------------------ sampling
+    def scale_graphs(self, batch2: int):
+        """The captured per-scale passes for ``batch2`` rows (``graph_capture`` set), captured on first
+        use and again when the model's tensors were replaced; None when ``graph_capture`` is None."""
+        if self.graph_capture is None:
+            return None
+        if type(self.token_policy) is not TokenPolicy:
+            raise ValueError(f"CUDA graphs replay the plain per-scale loop; the token policy "
+                             f"{self.token_policy.name!r} chooses the tokens each scale runs per generation: "
+                             f"time it without CUDA graphs")
+        from bench.models.graphs import ScaleGraphs
+        if self._scale_graphs is None or not self._scale_graphs.matches(self.var, batch2):
+            self._scale_graphs = None   # the old graphs' memory first
+            self._scale_graphs = ScaleGraphs(self.var, batch2, self.graph_capture)
+        return self._scale_graphs
+
     @torch.no_grad()
     def sample_tokens(self, labels_B: torch.Tensor, seed: Optional[int] = 0, cfg: Optional[float] = SAMPLING["cfg"],
                       top_k: int = SAMPLING["top_k"], top_p: float = SAMPLING["top_p"], more_smooth: bool = False,
                       logits_hook: Optional[Callable[[int, torch.Tensor], None]] = None, cache_adaln: bool = True):
         """Returns (token pyramid [list of B×pn² int64; -1 where a token policy gave a position a zero
         residual], f_hat). ``logits_hook(si, logits)`` sees the
-        raw [cond; uncond] logits of every scale before CFG (used by tests and FID* tools).
+        raw [cond; uncond] logits of every scale before CFG (used by tests and FID* tools; with
+        ``graph_capture`` set they are the graph's output buffer, overwritten by the next generation).
 
         ``cfg=None`` samples without guidance on the conditional batch alone (no doubling); any number,
         0 included, runs the official doubled batch. ``cache_adaln=False`` recomputes the AdaLN vectors
@@ -103,15 +122,18 @@ class Generator(nn.Module):
             rng = torch.Generator(device=self.device)
             rng.manual_seed(int(seed))
         guided = cfg is not None
+        graphs = self.scale_graphs(2 * B if guided else B) if cache_adaln else None
         cond_2BD = var.cond(torch.cat((labels_B, torch.full_like(labels_B, var.num_classes))) if guided else labels_B)
         lvl_pos_1LC = var.lvl_pos()
-        # The condition is the same at every scale: AdaLN once per generation, not once per scale.
-        blocks_ada, head_ada = var.ada_vectors(cond_2BD) if cache_adaln else (None, None)
+        # The condition is the same at every scale: AdaLN once per generation, not once per scale
+        # (with graphs: in scale 0's graph).
+        blocks_ada, head_ada = var.ada_vectors(cond_2BD) if cache_adaln and graphs is None else (None, None)
         first_BLC = var.first_tokens(cond_2BD)
         f_hat = cond_2BD.new_zeros(B, var.Cvae, self.patch_nums[-1], self.patch_nums[-1])
         policy, tokens, cached = self.token_policy, [], 0
         policy.begin(B, self.patch_nums)
-        var.kv_caching(True, max_len=var.L)   # one preallocated KV buffer per block
+        if graphs is None:   # (the graphs hold buffers of their own)
+            var.kv_caching(True, max_len=var.L)   # one preallocated KV buffer per block
         try:
             for group in policy.groups(K):
                 if policy.skip(group[0]):
@@ -128,16 +150,21 @@ class Generator(nn.Module):
                     x_BLC = var.word_embed(next_BChw.flatten(2).transpose(1, 2)) + lvl_pos_1LC[:, slice(*var.begin_ends[si])]
                     xs.append(x_BLC.repeat(2, 1, 1) if guided else x_BLC)   # the CFG batch
                 xs, _ = enter_group(policy, group, xs, [self.patch_nums[si] for si in group])
-                route = policy.route(group[0])
-                outs = run_group(xs, cached, lambda x, bias, route=route: var.run_blocks(x, cond_2BD, bias, route, blocks_ada))
+                if graphs is not None:   # identity policy, one scale a group: blocks and head replayed
+                    outs, logits = [None], [graphs.run(group[0], xs[0], cond_2BD)]
+                else:
+                    route = policy.route(group[0])
+                    outs = run_group(xs, cached, lambda x, bias, route=route: var.run_blocks(x, cond_2BD, bias, route, blocks_ada))
+                    logits = [None] * len(outs)
                 cached += sum(x.shape[1] for x in xs)
-                for si, x_BLC in zip(group, outs):
+                for si, x_BLC, logits_2BlV in zip(group, outs, logits):
                     pn, ratio = self.patch_nums[si], si / (K - 1)
                     keep_Bl = policy.residual_keep(si)
                     if keep_Bl is None:
                         x_BLC = policy.exit_scale(si, x_BLC)
                     policy.end_scale(si, x_BLC)
-                    logits_2BlV = var.get_logits(x_BLC, cond_2BD, head_ada)
+                    if logits_2BlV is None:
+                        logits_2BlV = var.get_logits(x_BLC, cond_2BD, head_ada)
                     if logits_hook is not None:
                         logits_hook(si, logits_2BlV)
                     if guided:

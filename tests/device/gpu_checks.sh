@@ -7,13 +7,16 @@
 #   env      torch, the GPU, the Python packages varbench imports
 #   latency  $LAT_MODEL (default var-d16, random weights), batch 1, CUDA events: dense vs magnitude 40 %
 #            (first: weights and the working memory of two generations, which must agree within 1 %);
+#            on CUDA then the same two with --cuda-graphs (per-scale CUDA graphs, bench/models/graphs.py;
+#            eager against graphs in one alternation is the official check's third configuration);
 #            with LAT_COMPILE=1 also dense under torch.compile (compile time reported apart; attention
 #            and FFN compiled per scale shape, 21 graphs for var-d16: 46 s on 2 CPU cores, 15 s with inductor's cache
 #            warm, 25.5 s on an H200)
 #   official the official VAR sampler beside varbench's on the same weights and seeds (same tokens?
-#            speed ratio); needs a FoundationVision/VAR checkout at $VAR_OFFICIAL (default .official/VAR,
+#            speed ratio); on CUDA varbench also with per-scale CUDA graphs, timed in the same
+#            alternation; needs a FoundationVision/VAR checkout at $VAR_OFFICIAL (default .official/VAR,
 #            e.g. `git --git-dir=<VAR's git dir> archive HEAD | tar -x -C .official/VAR`, the folder
-#            ignored by git: it is never committed)
+#            ignored by git: it is never committed; the device tool's `carry` takes it along)
 #   nccl     a sharded run under torchrun (NCCL, one process per GPU; skipped on one GPU: NCCL puts
 #            no two ranks on a GPU) against the same run in one process: the metrics must be identical;
 #            needs torch-fidelity (carry its wheel if missing). With DEVICE=cpu: 2 gloo processes
@@ -95,6 +98,11 @@ EOF
     run "$PY" -m bench latency --model "$LAT_MODEL" --random-weights --device "$DEVICE" --batch 1 --reps "$REPS" \
         --method dense --method magnitude:sparsity=0.4 --results "$res" --quiet || return 1
     keep_records "$res"
+    if [ "$DEVICE" = cuda ]; then
+        run "$PY" -m bench latency --model "$LAT_MODEL" --random-weights --device "$DEVICE" --batch 1 --reps "$REPS" \
+            --method dense --method magnitude:sparsity=0.4 --cuda-graphs --results "$res" --quiet || return 1
+        keep_records "$res"
+    fi
     [ "$LAT_COMPILE" = 1 ] || return 0
     run "$PY" -m bench latency --model "$LAT_MODEL" --random-weights --device "$DEVICE" --batch 1 --reps "$REPS" \
         --method dense --compile --results "$res" --quiet
@@ -109,8 +117,9 @@ keep_records() {   # the records, flat under $OUT/latency (a device machine retu
 
 check_official() {
     if [ ! -d "$VAR_OFFICIAL" ]; then echo "no checkout at $VAR_OFFICIAL"; return 2; fi
+    local graphs=(); [ "$DEVICE" = cuda ] && graphs=(--cuda-graphs)
     run "$PY" tests/fixtures/official/sampler_speed.py --official "$VAR_OFFICIAL" --device "$DEVICE" \
-        --batch 1 --reps "$REPS"
+        --batch 1 --reps "$REPS" "${graphs[@]}"
 }
 
 check_nccl() {

@@ -155,6 +155,12 @@ MEASURE_TARGETS = [(m, fn, tests) for m, fns, tests in [
      _LATENCY + ["tests/test_latency_report.py", "-k", "pass_model or pass_cost_span or report or per_scale"]),
     ("bench.latency", ["weights_mb", "timed_generation", "latency_conditions", "latency_specs", "timing_partners"],
      _LATENCY),
+    ("bench.latency", ["use_cuda_device"], _LATENCY + ["-k", "indexed"]),
+    ("bench.models.graphs", ["cuda_capture", "eager_capture", "fingerprint", "check_current_device", "pool_bytes",
+                             "ScaleGraphs.__init__",
+                             "ScaleGraphs.matches", "ScaleGraphs._warm_up", "ScaleGraphs._step", "ScaleGraphs.run"],
+     ["tests/test_fast_sampler.py", "tests/test_latency.py", "-k", "graph or cuda"]),
+    ("bench.models.generator", ["Generator.scale_graphs"], ["tests/test_fast_sampler.py", "-k", "graph or cuda"]),
 ] for fn in fns]
 # What the GenEval-style scores and the tiny worlds' ground truth are made of: the procedural datasets
 # (tinyshapes, shapes scenes and their prompts), the scene detector and checker behind the tiny-t2i quality
