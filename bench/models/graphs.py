@@ -1,7 +1,7 @@
 """Per-scale CUDA graphs of a VAR generation: each scale's blocks and head replayed as one launch.
 
 Why: at batch 1 a GPU spends a VAR scale's time launching kernels, not running them (var-d16 on an
-H200: 9.0 ms per pass through the blocks whatever its FLOPs, about 400 kernels each). A CUDA graph
+H200: 9.0 ms per pass through the blocks whatever its FLOPs; each pass is hundreds of small kernels). A CUDA graph
 records a scale's kernel sequence once and replays it with a single launch, with the same kernels on
 the same addresses, so the values are those of the eager pass.
 
@@ -16,14 +16,15 @@ input (about 20 launches a scale), and the VQVAE decode.
 
 Scope: the identity token policy (dense and weight-pruned models). A token method chooses which
 tokens run per generation, which a fixed graph cannot follow. One set of graphs per batch size,
-rebuilt when the model's tensors are replaced (``fingerprint``: storage addresses, shapes, dtypes);
+rebuilt when the model's tensors are replaced (``fingerprint``: addresses, shapes, strides, dtypes);
 a weight edited in place is read by the graphs as it is. The logits a scale returns live in the
 graph's output buffer until that scale is replayed again (the next generation).
 
 ``capture`` turns one step into a replayable one: ``cuda_capture`` records a ``torch.cuda.CUDAGraph``
 (warm-up first on a side stream, as PyTorch's graph docs prescribe, and that stream captures; every
-scale in one memory pool, replayed in capture order; the model must be on the current CUDA device); ``eager_capture`` replays by running the step again and copying its
-outputs into the first run's tensors, the same buffer protocol without a GPU. The test suite runs the
+scale in one memory pool, replayed in capture order; the model must be on the current CUDA device);
+``eager_capture`` replays by running the step again and copying its outputs into the first run's
+tensors, the same buffer protocol without a GPU. The test suite runs the
 eager protocol on the CPU (tokens equal to the eager sampler's, bit for bit); the CUDA capture is run
 by ``tests/device/gpu_checks.sh`` on a GPU (CI has none).
 """

@@ -28,6 +28,9 @@
 #            at once ran batch 192 at 102 ms per step, alone at 49), each packed into $OUT/t2i-b<batch>.tar
 #            (its manifest, the two trained files and its log)
 #
+# From a session with the device tool: `OUT=$OUT bash tests/device/gpu_checks.sh env latency official` with
+# carry [".official/VAR"] (the sampler checks of issue 9: eager, CUDA graphs and the official sampler).
+#
 # Time, measured on an H200: t2i takes about T2I_TRAIN_S + 1 minute (its data and latents, the final eval:
 # 330 s gave 388 s for three runs at once, 170 s gave 211 s); env 7 s, official 21 s; latency with
 # LAT_COMPILE=1 about 65 s (plus the memory pre-check). Run t2i in a call of its own (one call ≤ 10 minutes).
