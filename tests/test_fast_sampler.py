@@ -141,8 +141,8 @@ def test_reuse_heap_keeps_values_and_restores_mmap(small_gen, monkeypatch):
 
 # ------------------------------------------------------------------ CUDA graphs' buffer protocol
 @torch.no_grad()
-@pytest.mark.parametrize("l2_norm", [False, True])
-def test_graph_protocol_replays_the_official_loop_bit_for_bit(l2_norm):
+@pytest.mark.parametrize("variant", [{}, {"attn_l2_norm": True}, {"shared_aln": True}])
+def test_graph_protocol_replays_the_official_loop_bit_for_bit(variant):
     """Per-scale graphs (bench.models.graphs) under the eager capture: static inputs, one KV buffer per
     block bound at the scale's offsets, the AdaLN vectors from scale 0's step. Several generations in a
     row (other labels, seeds, no CFG) replay the same steps and still give the official loop's values."""
@@ -150,8 +150,8 @@ def test_graph_protocol_replays_the_official_loop_bit_for_bit(l2_norm):
     from bench.models.var import VAR
     from tests.conftest import SMALL_VAR, make_small_gen, randomize_
     gen = make_small_gen()
-    if l2_norm:   # cosine attention (var-d30's, Infinity's): the q/k normalisation inside the graph
-        gen.var = randomize_(VAR(SMALL_VAR.replace(attn_l2_norm=True)), 1).eval()
+    if variant:   # cosine attention (the q/k normalisation inside the graph); shared AdaLN (scale 0's step)
+        gen.var = randomize_(VAR(SMALL_VAR.replace(**variant)), 1).eval()
     gen.graph_capture = eager_capture
     for labels, seed in ((LABELS, 0), (torch.tensor([3, 1, 1]), 7), (LABELS, 0)):
         toks, f_hat = gen.sample_tokens(labels, seed=seed, cfg=CFG, top_k=TOP_K, top_p=TOP_P)
