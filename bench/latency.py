@@ -58,7 +58,8 @@ warmed up earlier are not compiled again); graphs compiled during the timed gene
 expected) are recorded as ``compile_graphs_timed``, with a warning printed when there are any.
 ``cuda_graphs`` (CUDA only; class-conditional VAR models without a token method): each scale's blocks
 and head are replayed as a CUDA graph (``bench.models.graphs``), captured in the first warm-up
-generation; the record's cost holds ``graphs_capture_s``, ``graphs_count`` and ``graphs_held_mb``
+generation and checked there against the eager pass; the record's cost holds ``graphs_capture_s``,
+``graphs_count``, ``graphs_max_abs_diff`` (that check's largest |Δ logits|) and ``graphs_held_mb``
 (what the graphs hold: their static inputs and KV buffers and their memory pool's segments, counted in
 the peak memory as ``graphs_mb``: a replay allocates nothing, so the working memory holds only the
 eager steps). A capture empties PyTorch's cache of free blocks, so after every configuration's
@@ -321,7 +322,7 @@ def warm_up(cfg: Config, timer: Timer, warmup: int, seed: int, compile: bool) ->
     captured = getattr(cfg.gen, "_scale_graphs", None)
     if captured is not None:   # captured in the first warm-up generation
         cfg.graphs = {"graphs_capture_s": captured.capture_s, "graphs_count": len(captured.replays),
-                      "graphs_held_mb": captured.held_mb}
+                      "graphs_held_mb": captured.held_mb, "graphs_max_abs_diff": captured.max_abs_diff}
 
 
 def measure(configs: Sequence[Config], device: str, reps: int, warmup: int, seed: int = 0, compile: bool = False,
@@ -613,7 +614,8 @@ def report(specs, records, labels: Sequence[str]) -> str:
                      + f" | decode {c['decode_ms']:.0f}" + (f" | compile {c['compile_s']:.1f} s" if "compile_s" in c else "")
                      + (f", {c['compile_graphs']} graphs" if "compile_graphs" in c else "")
                      + (f" | {c['graphs_count']} CUDA graphs captured in {c['graphs_capture_s']:.1f} s, "
-                        f"holding {c['graphs_held_mb']:.0f} MiB" if "graphs_capture_s" in c else "")
+                        f"holding {c['graphs_held_mb']:.0f} MiB, max |Δ logits| vs eager "
+                        f"{c.get('graphs_max_abs_diff', float('nan')):.2g}" if "graphs_capture_s" in c else "")
                      + (f" | scales {scales:.0f} ms, {base_scales / scales:.2f}×" if scales > 0 else ""))
     model = pass_model(base["cost"])
     if model is not None:

@@ -250,6 +250,8 @@ def test_cuda_capture_protocol_with_the_cuda_calls_mocked(small_gen, monkeypatch
         monkeypatch.setattr(G.torch.cuda, name, value)
     monkeypatch.setattr(G, "check_current_device", lambda device: log.append(("device-checked", device)))
     monkeypatch.setattr(G, "pool_bytes", lambda pool, device: 3 * 2 ** 20 if pool == (7, 0) else 0)
+    # a mocked graph replays nothing: the check against the eager pass (tested on its own) is logged instead
+    monkeypatch.setattr(G.ScaleGraphs, "_check", lambda self, eager: log.append(("check", len(eager))) or 0.0)
     steps = []
     real_step = G.ScaleGraphs._step
     blocks = len(small_gen.var.blocks)
@@ -261,7 +263,7 @@ def test_cuda_capture_protocol_with_the_cuda_calls_mocked(small_gen, monkeypatch
     K = len(small_gen.patch_nums)
     assert steps == [(si, True) for si in range(K)] * 3    # two warm-ups (every block), then each scale captured
     assert 0 < g.capture_s <= elapsed
-    assert log[-1] == ("sync", torch.device("cpu"))        # the captures have finished when it returns
+    assert log[-2:] == [("check", K), ("sync", torch.device("cpu"))]   # checked, and finished when it returns
     assert all(b.attn.kv_k is None and not b.attn.caching for b in small_gen.var.blocks)   # the eager cache unbound
     assert log[0] == ("device-checked", torch.device("cpu"))
     (own,) = [i for i, e in enumerate(log) if e[0] == "new-stream"]
@@ -277,6 +279,41 @@ def test_cuda_capture_protocol_with_the_cuda_calls_mocked(small_gen, monkeypatch
     static = 4 * (6 * small_gen.var.C * (1 + sum(pn * pn for pn in small_gen.patch_nums))
                   + sum(2 * 6 * b.attn.H * small_gen.var.L * b.attn.c for b in small_gen.var.blocks))
     assert g.held_mb == pytest.approx(static / 2 ** 20 + 3) and len(g.ada) == len(small_gen.var.blocks)
+
+
+@torch.no_grad()
+def test_graphs_are_checked_against_the_eager_pass_after_capture(small_gen):
+    """Each graph is replayed once on the warm-up's seeded inputs, its outputs NaN first: a replay that
+    does nothing, or computes something else, is an error at capture, not wrong tokens later."""
+    from bench.models import graphs as G
+    g = G.ScaleGraphs(small_gen.var, 4, G.eager_capture)
+    assert g.max_abs_diff == 0.0 and all(torch.isfinite(t).all() for t in g.logits)
+    assert g.cond_2BD.abs().sum() > 0                     # seeded inputs, not zeros
+
+    def noop(step, pool=None, stream=None):              # the kernels escaped the capture
+        return (lambda: None), step()
+    with pytest.raises(RuntimeError) as e:
+        G.ScaleGraphs(small_gen.var, 4, noop)
+    assert str(e.value) == ("the CUDA graph of scale 0 does not reproduce the eager pass: max |Δ logits| nan (a kernel "
+                            "outside the capture, or inputs not read from the static buffers); run without CUDA graphs")
+    assert all(b.attn.kv_k is None and not b.attn.caching for b in small_gen.var.blocks)
+
+    def off_by(delta):                                     # replays that compute something slightly else
+        def capture(step, pool=None, stream=None):
+            replay, outs = G.eager_capture(step)
+
+            def shifted():
+                replay()
+                outs[0].add_(delta)
+            return shifted, outs
+        return capture
+    with pytest.raises(RuntimeError, match="scale 0 does not reproduce"):
+        G.ScaleGraphs(small_gen.var, 4, off_by(2 * G.CHECK_ATOL))
+    with pytest.warns(UserWarning) as caught:
+        g = G.ScaleGraphs(small_gen.var, 4, off_by(G.CHECK_ATOL / 2))
+    assert [str(w.message) for w in caught] == ["the CUDA graphs' logits differ from the eager pass's by up to 0.0005: "
+                                                "the sampled tokens may differ from the eager sampler's"]
+    assert g.max_abs_diff == pytest.approx(G.CHECK_ATOL / 2, rel=1e-3)
 
 
 def test_graphs_need_the_model_on_the_current_cuda_device_and_count_their_pool(monkeypatch):

@@ -145,6 +145,7 @@ def test_graph_runs_record_their_capture_apart(small_gen):
     out = measure([Config("G", small_gen, torch.tensor([0, 1]), {})], "cpu", reps=3, warmup=2, progress=False)["G"]
     g = out["graphs"]
     assert g["graphs_count"] == len(small_gen.patch_nums) and g["graphs_capture_s"] > 0
+    assert g["graphs_max_abs_diff"] == 0.0
     assert g["graphs_held_mb"] == out["peak_mem"]["graphs_mb"] > 0           # the static inputs and KV buffers
     assert "what the CUDA graphs hold" in out["peak_mem"]["kind"]
     assert out["peak_mem"]["value"] == pytest.approx(out["peak_mem"]["weights_mb"] + out["peak_mem"]["working_mb"]

@@ -149,11 +149,11 @@ def test_pass_cost_span_when_the_passes_balance_exactly():
 
 def test_the_report_of_a_cuda_graph_run():
     graphed = _rec([1.0, 2.0, 3.0], [1e9, 2e9, 3e9], [True] * 3, 8.0, graphs_capture_s=0.456, graphs_count=3,
-                   graphs_held_mb=41.6)
+                   graphs_held_mb=41.6, graphs_max_abs_diff=0.0)
     spec = SimpleNamespace(model="var-d16", n=5, protocol={"device": "cuda", "batch": 1, "warmup": 2,
                                                            "compile": False, "cuda_graphs": True})
     out = report([spec], [graphed], ["dense"]).splitlines()
     assert out[0] == ("var-d16 · cuda · batch 1 · CUDA graphs · 5 timed generations per configuration, alternated, "
                       "after 2 warm-up")
-    assert out[4] == ("  dense                            1 2 3 | decode 1 | 3 CUDA graphs captured in 0.5 s, holding 42 MiB "
-                      "| scales 6 ms, 1.00×")
+    assert out[4] == ("  dense                            1 2 3 | decode 1 | 3 CUDA graphs captured in 0.5 s, holding 42 MiB, "
+                      "max |Δ logits| vs eager 0 | scales 6 ms, 1.00×")

@@ -3,7 +3,8 @@
 Why: at batch 1 a GPU spends a VAR scale's time launching kernels, not running them (var-d16 on an
 H200: 9.0 ms per pass through the blocks whatever its FLOPs; each pass is hundreds of small kernels). A CUDA graph
 records a scale's kernel sequence once and replays it with a single launch, with the same kernels on
-the same addresses, so the values are those of the eager pass.
+the same addresses, so the values are those of the eager pass: after capture every graph is replayed
+once on seeded inputs and checked against the warm-up's eager pass (``ScaleGraphs._check``).
 
 What is captured, per scale ``si``: ``VAR.run_blocks`` and ``VAR.get_logits`` on static input buffers
 (the condition, the scale's input tokens). Each block's KV cache is one buffer [2B, H, L, c] bound to
@@ -76,6 +77,9 @@ def fingerprint(var, batch2: int) -> tuple:
                              for t in (*var.parameters(), *var.buffers()))
 
 
+CHECK_ATOL = 1e-3   # |Δ logits| above which a replay is wrong, not rounded differently
+
+
 def check_current_device(device) -> None:
     """Streams, capture and replay follow the current CUDA device; work for another device's tensors
     would not be recorded."""
@@ -106,6 +110,10 @@ class ScaleGraphs:
         self.x = [new(batch2, pn * pn, var.C) for pn in var.patch_nums]
         self.kv = [(new(batch2, b.attn.H, var.L, b.attn.c), new(batch2, b.attn.H, var.L, b.attn.c))
                    for b in var.blocks]
+        # seeded inputs for the warm-up and the check after capture (zeros would test little)
+        rng = torch.Generator(device=like.device).manual_seed(0)
+        for t in (self.cond_2BD, *self.x):
+            t.normal_(generator=rng)
         self.ada: Sequence[torch.Tensor] = ()
         self.head_ada = None
         # one pool for the K graphs (replayed in capture order, never at once) and a stream of their own
@@ -113,18 +121,20 @@ class ScaleGraphs:
         pool = torch.cuda.graph_pool_handle() if on_gpu else None
         stream = torch.cuda.Stream(device=like.device) if on_gpu else None
         t0 = time.perf_counter()
-        try:
-            self._warm_up(warmup, stream)
-            self.replays: List[Callable[[], None]] = []
-            self.logits: List[torch.Tensor] = []
-            for si in range(len(var.patch_nums)):
-                replay, outs = capture(lambda si=si: self._step(si), pool, stream)
-                if si == 0:   # the AdaLN vectors the later scales' graphs read
-                    self.ada, self.head_ada = outs[1:-1], outs[-1]
-                self.replays.append(replay)
-                self.logits.append(outs[0])
-        finally:
-            var.kv_caching(False)
+        with torch.no_grad():
+            try:
+                eager = self._warm_up(warmup, stream)
+                self.replays: List[Callable[[], None]] = []
+                self.logits: List[torch.Tensor] = []
+                for si in range(len(var.patch_nums)):
+                    replay, outs = capture(lambda si=si: self._step(si), pool, stream)
+                    if si == 0:   # the AdaLN vectors the later scales' graphs read
+                        self.ada, self.head_ada = outs[1:-1], outs[-1]
+                    self.replays.append(replay)
+                    self.logits.append(outs[0])
+                self.max_abs_diff = self._check(eager)
+            finally:
+                var.kv_caching(False)
         if on_gpu:
             torch.cuda.synchronize(like.device)
         self.capture_s = time.perf_counter() - t0
@@ -137,9 +147,10 @@ class ScaleGraphs:
     def matches(self, var, batch2: int) -> bool:
         return var is self.var and fingerprint(var, batch2) == self.key
 
-    def _warm_up(self, n: int, stream) -> None:
+    def _warm_up(self, n: int, stream) -> List[torch.Tensor]:
         """Every scale run ``n`` times before capture (cuBLAS handles, kernel choices, the allocator's
-        blocks), on the capture's side stream on the GPU (``stream``; None: here)."""
+        blocks), on the capture's side stream on the GPU (``stream``; None: here). Returns the last
+        run's logits of every scale: the eager pass the graphs are checked against."""
         on_gpu = stream is not None
         if on_gpu:
             stream.wait_stream(torch.cuda.current_stream())
@@ -147,10 +158,31 @@ class ScaleGraphs:
             for _ in range(n):
                 outs = self._step(0)
                 self.ada, self.head_ada = outs[1:-1], outs[-1]
-                for si in range(1, len(self.x)):
-                    self._step(si)
+                logits = [outs[0].clone()] + [self._step(si)[0].clone() for si in range(1, len(self.x))]
         if on_gpu:
             torch.cuda.current_stream().wait_stream(stream)
+        return logits
+
+    def _check(self, eager: Sequence[torch.Tensor]) -> float:
+        """Every graph replayed once, in order, on the warm-up's inputs, its outputs first set to NaN (a
+        replay that records or computes nothing leaves them so): the largest |difference| from the eager
+        pass's logits. More than ``CHECK_ATOL`` is an error; any difference is a warning, since the
+        sampled tokens then need not be the eager sampler's."""
+        for t in (*self.logits, *self.ada, self.head_ada):
+            t.fill_(float("nan"))
+        worst = 0.0
+        for si, (replay, want) in enumerate(zip(self.replays, eager)):
+            replay()
+            diff = float((self.logits[si] - want).abs().max())
+            if not diff <= CHECK_ATOL:
+                raise RuntimeError(f"the CUDA graph of scale {si} does not reproduce the eager pass: max |Δ logits| "
+                                   f"{diff:.3g} (a kernel outside the capture, or inputs not read from the static "
+                                   f"buffers); run without CUDA graphs")
+            worst = max(worst, diff)
+        if worst:
+            warnings.warn(f"the CUDA graphs' logits differ from the eager pass's by up to {worst:.3g}: the sampled "
+                          f"tokens may differ from the eager sampler's", stacklevel=3)
+        return worst
 
     def _step(self, si: int) -> Tuple[torch.Tensor, ...]:
         """Scale ``si``'s pass on the static buffers: (logits [2B, pn², V], and at scale 0 the AdaLN vectors

@@ -158,7 +158,8 @@ MEASURE_TARGETS = [(m, fn, tests) for m, fns, tests in [
     ("bench.latency", ["use_cuda_device"], _LATENCY + ["-k", "indexed"]),
     ("bench.models.graphs", ["cuda_capture", "eager_capture", "fingerprint", "check_current_device", "pool_bytes",
                              "ScaleGraphs.__init__",
-                             "ScaleGraphs.matches", "ScaleGraphs._warm_up", "ScaleGraphs._step", "ScaleGraphs.run"],
+                             "ScaleGraphs.matches", "ScaleGraphs._warm_up", "ScaleGraphs._check", "ScaleGraphs._step",
+                             "ScaleGraphs.run"],
      ["tests/test_fast_sampler.py", "tests/test_latency.py", "-k", "graph or cuda"]),
     ("bench.models.generator", ["Generator.scale_graphs"], ["tests/test_fast_sampler.py", "-k", "graph or cuda"]),
 ] for fn in fns]
