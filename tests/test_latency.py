@@ -141,13 +141,19 @@ def test_graph_runs_record_their_capture_apart(small_gen):
     first warm-up generation; the capture's time, graph count and held memory go to the result, the
     held memory into the peak, and the timed generations replay."""
     from bench.models.graphs import eager_capture
+    from tests.conftest import make_small_gen
     small_gen.graph_capture = eager_capture
-    out = measure([Config("G", small_gen, torch.tensor([0, 1]), {})], "cpu", reps=3, warmup=2, progress=False)["G"]
+    both = measure([Config("G", small_gen, torch.tensor([0, 1]), {}), Config("E", make_small_gen(), torch.tensor([0, 1]), {})],
+                   "cpu", reps=3, warmup=2, progress=False)
+    out = both["G"]
+    assert both["E"]["graphs"] is None and "graphs_mb" not in both["E"]["peak_mem"]
+    assert both["E"]["peak_mem"]["kind"] == "weights + peak working memory of one generation (PyTorch allocator events)"
+    assert out["peak_mem"]["kind"] == ("weights + what the CUDA graphs hold + peak working memory of one generation "
+                                       "(PyTorch allocator events)")
     g = out["graphs"]
     assert g["graphs_count"] == len(small_gen.patch_nums) and g["graphs_capture_s"] > 0
     assert g["graphs_max_abs_diff"] == 0.0
     assert g["graphs_held_mb"] == out["peak_mem"]["graphs_mb"] > 0           # the static inputs and KV buffers
-    assert "what the CUDA graphs hold" in out["peak_mem"]["kind"]
     assert out["peak_mem"]["value"] == pytest.approx(out["peak_mem"]["weights_mb"] + out["peak_mem"]["working_mb"]
                                                      + g["graphs_held_mb"])
     assert len(out["breakdown"]["scale_ms"]) == len(small_gen.patch_nums)
@@ -160,6 +166,22 @@ def test_an_indexed_cuda_device_becomes_the_current_one(monkeypatch):
     for device in ("cpu", "cuda", "cuda:1", "coreml", "cuda:0"):
         use_cuda_device(device)
     assert calls == [1, 0]
+
+
+def test_after_a_capture_every_configuration_runs_once_more_before_the_timed_ones():
+    """A CUDA graph capture empties the allocator's cache of the configurations warmed up before it: each
+    runs one more untimed generation, after every warm-up, so no timed generation allocates afresh."""
+    from types import SimpleNamespace
+    log = []
+    cfgs = [Config(c, _Logged(c, log), torch.zeros(1), {}) for c in "AB"]
+    cfgs[1].gen._scale_graphs = SimpleNamespace(capture_s=0.1, replays=[0] * 3, held_mb=2.0, max_abs_diff=0.0)
+    out = measure(cfgs, "cpu", reps=3, warmup=1, progress=False)
+    assert log[:4] == list("AB" "AB") and log[4:10] == list("AB" "BA" "AB")
+    assert out["A"]["graphs"] is None and out["B"]["graphs"]["graphs_count"] == 3
+    log.clear()
+    cfgs = [Config(c, _Logged(c, log), torch.zeros(1), {}) for c in "AB"]   # no graphs: no extra generation
+    measure(cfgs, "cpu", reps=3, warmup=1, progress=False)
+    assert log[:8] == list("AB" "AB" "BA" "AB")
 
 
 class _FakeCuda:
@@ -437,12 +459,15 @@ def test_the_compiled_warm_up_goes_on_until_a_generation_compiles_nothing(monkey
 
     monkeypatch.setattr(L, "timed_generation", fake_generation)
     monkeypatch.setattr(L, "compiled_graphs", lambda: state["graphs"])
-    monkeypatch.setattr(L, "install_compile", lambda gen: None)
+    installed = []
+    monkeypatch.setattr(L, "install_compile", installed.append)
 
     def warm(warmup, compile, new, times):
-        state.update(graphs=0, gens=0, new=new, times=times)
-        cfg = Config("c", None, None, {})
+        state.update(graphs=7, gens=0, new=new, times=times)   # graphs compiled before: not this warm-up's
+        cfg = Config("c", f"gen-{len(state['times'])}", None, {})
+        installed.clear()
         L.warm_up(cfg, None, warmup, 0, compile)
+        assert installed == ([cfg.gen] if compile else [])     # the sub-layers wrapped before the first generation
         return cfg, state["gens"]
 
     cfg, gens = warm(1, True, [5, 3, 0, 0], [3.0, 2.0, 0.5, 0.5])   # the second generation compiles again
@@ -452,8 +477,48 @@ def test_the_compiled_warm_up_goes_on_until_a_generation_compiles_nothing(monkey
     cfg, gens = warm(2, False, [0, 0, 0], [1.0, 1.0, 1.0])
     assert gens == 2 and cfg.compile_s is None and cfg.compile_graphs is None
     assert "warning" not in capsys.readouterr().err
+    cfg, gens = warm(2, True, [2, 0, 0], [0.5, 0.6, 0.7])   # slower at the end: no negative compile time
+    assert gens == 2 and cfg.compile_s == 0.0 and cfg.compile_graphs == 2
     cfg, gens = warm(1, True, [1] * 20, [1.0] * 20)   # never settles: bounded, and said
-    assert gens == 1 + L.COMPILE_SETTLE and "still compiling" in capsys.readouterr().err
+    assert gens == 1 + L.COMPILE_SETTLE
+    assert capsys.readouterr().err == (f"warning: c: still compiling after {1 + L.COMPILE_SETTLE} warm-up generations; "
+                                       f"the timed ones may include compile time (see compile_graphs_timed in its "
+                                       f"record)\n")
+
+
+def test_measure_counts_graphs_compiled_while_timed_and_says_so(monkeypatch, capsys):
+    """Under --compile, graphs compiled during the timed generations are counted per configuration and
+    warned about; the warm-up's compile time and graphs go to the result; peak memory is measured on its
+    own seed; no progress bar when asked for none."""
+    import contextlib
+
+    import bench.latency as L
+    state, seen = {"graphs": 3}, []
+
+    def fake_generation(cfg, timer, seed):
+        seen.append((cfg.label, seed))
+        if cfg.label == "B" and seed == 7:
+            state["graphs"] += 2                     # B compiles during its second timed generation
+        return 0.01 * seed, [0.0012345, 0.002], 0.004
+
+    monkeypatch.setattr(L, "timed_generation", fake_generation)
+    monkeypatch.setattr(L, "compiled_graphs", lambda: state["graphs"])
+    monkeypatch.setattr(L, "install_compile", lambda gen: None)
+    monkeypatch.setattr(L, "compile_settings", lambda on: contextlib.nullcontext())
+    monkeypatch.setattr(L, "peak_memory", lambda cfg, timer, seed: seen.append(("mem", cfg.label, seed)) or None)
+    out = L.measure([Config("A", None, None, {}), Config("B", None, None, {})], "cpu", reps=3, warmup=1, seed=5,
+                    compile=True, progress=False)
+    assert seen == [("A", 5), ("B", 5), ("A", 6), ("B", 6), ("B", 7), ("A", 7), ("A", 8), ("B", 8),
+                    ("mem", "A", 6), ("mem", "B", 6)]
+    assert out["A"]["compile"] == {"compile_s": 0.0, "compile_graphs": 0, "compile_graphs_timed": 0}
+    assert out["B"]["compile"] == {"compile_s": 0.0, "compile_graphs": 0, "compile_graphs_timed": 2}
+    assert capsys.readouterr().err == ("warning: B: 2 graph(s) compiled during the timed generations; its times "
+                                       "include compiling\n")
+    assert out["A"]["latency_ms"]["times_ms"] == [60.0, 70.0, 80.0] and out["A"]["latency_ms"]["value"] == 70.0
+    assert out["A"]["breakdown"] == {"scale_ms": [round(1.2345, 3), 2.0], "decode_ms": 4.0, "n": 3}
+    assert out["A"]["peak_mem"] is None and out["A"]["graphs"] is None
+    out = L.measure([Config("A", None, None, {})], "cpu", reps=3, warmup=1, progress=False)   # eager: no compile entry
+    assert out["A"]["compile"] is None and capsys.readouterr().err == ""
 
 
 @pytest.mark.slow

@@ -156,6 +156,7 @@ MEASURE_TARGETS = [(m, fn, tests) for m, fns, tests in [
     ("bench.latency", ["weights_mb", "timed_generation", "latency_conditions", "latency_specs", "timing_partners"],
      _LATENCY),
     ("bench.latency", ["use_cuda_device"], _LATENCY + ["-k", "indexed"]),
+    ("bench.latency", ["warm_up", "measure", "peak_memory"], _LATENCY + ["tests/test_latency_report.py"]),
     ("bench.models.graphs", ["cuda_capture", "eager_capture", "fingerprint", "check_current_device", "pool_bytes",
                              "ScaleGraphs.__init__",
                              "ScaleGraphs.matches", "ScaleGraphs._warm_up", "ScaleGraphs._check", "ScaleGraphs._step",
@@ -338,7 +339,8 @@ _LATENCY_CLI = ["tests/test_cli_timing.py"] + _SURFACE + [f"tests/test_latency.p
     "test_cli_compares_two_chains_writes_records_and_reuses_them", "test_random_weights_records_name_no_file_and_are_not_stale",
     "test_bad_latency_arguments_are_one_clear_line", "test_compile_is_refused_for_core_ml",
     "test_more_threads_than_usable_cpus_is_warned_before_timing", "test_every_setting_refused_in_full",
-    "test_text_to_image_models_are_timed_on_the_worlds_geneval_prompts")] + [
+    "test_text_to_image_models_are_timed_on_the_worlds_geneval_prompts",
+    "test_cuda_graphs_refuse_text_to_image_models_and_token_methods")] + [
     "tests/test_coreml.py::test_latency_cli_on_coreml_with_the_runtime_faked"]
 _COREML_CLI = _SURFACE + ["tests/test_coreml.py::test_cli_ops_and_bad_input",
                           "tests/test_coreml.py::test_cli_exports_tiny_var_dense_and_pruned"]
@@ -364,7 +366,7 @@ SURFACE_TARGETS = [(m, fn, tests) for m, fns, tests in [
         "tests/test_figures.py::test_cli_renders_all_figures", "tests/test_figures.py::test_missing_records_and_unknown_figures_are_clear",
         "tests/test_figures_ablation.py::test_cli_draws_the_figures_it_can_and_reports_the_token_figure"]),
     ("bench.commands.tables", ["cmd_leaderboard"], _SURFACE + ["tests/test_leaderboard.py"]),
-    ("bench.commands.timing", ["cmd_latency"], _LATENCY_CLI),
+    ("bench.commands.timing", ["cmd_latency", "_check_graphs"], _LATENCY_CLI),
     ("bench.commands.timing", ["cmd_coreml"], _COREML_CLI),
     ("bench.commands.folders", ["_geneval_print", "_folder_bench", "_geneval_bench", "_folder_generator",
                                 "cmd_geneval_import", "cmd_geneval_score", "cmd_geneval_generate", "_mjhq_bench",
