@@ -319,7 +319,7 @@ def warm_up(cfg: Config, timer: Timer, warmup: int, seed: int, compile: bool) ->
     if compile:
         cfg.compile_s = max(sum(times) - len(times) * times[-1], 0.0)
         cfg.compile_graphs = graphs() - start
-    captured = getattr(cfg.gen, "_scale_graphs", None)
+    captured = getattr(cfg.gen, "captured_graphs", None)
     if captured is not None:   # captured in the first warm-up generation
         cfg.graphs = {"graphs_capture_s": captured.capture_s, "graphs_count": len(captured.replays),
                       "graphs_held_mb": captured.held_mb, "graphs_max_abs_diff": captured.max_abs_diff}

@@ -187,12 +187,17 @@ def method_version(name: str) -> int:
     return int(_declaration(name).get("version", 1))
 
 
+def token_methods(specs: Iterable[str]) -> list:
+    """The specs of ``specs`` whose method is of kind ``tokens`` (a per-scale token policy)."""
+    return [s for s in specs if method_kind(parse_method(s)[0]) == "tokens"]
+
+
 def resolve_chain(chain: str | Iterable[str] | None) -> Tuple[str, ...]:
     """Resolved specs of a chain, in order, with ``dense`` dropped. At most one ``tokens`` method:
     a generator has one token-policy slot, and two policies would silently replace each other."""
     specs = parse_chain(chain if isinstance(chain, str) or chain is None else list(chain))
     out = tuple(r for r in (resolve_method(s) for s in specs) if r != "dense")
-    tokens = [s for s in out if method_kind(parse_method(s)[0]) == "tokens"]
+    tokens = token_methods(out)
     if len(tokens) > 1:
         raise SpecError(f"chain {' + '.join(out)} has {len(tokens)} token methods ({', '.join(tokens)}); "
                         f"a generator has one token-policy slot, so a chain may hold at most one")

@@ -158,7 +158,7 @@ def test_graph_protocol_replays_the_official_loop_bit_for_bit(variant):
         ref_toks, ref_f_hat = official_loop(gen, labels, seed, CFG, TOP_K, TOP_P)
         assert all(torch.equal(a, b) for a, b in zip(toks, ref_toks))
         assert torch.equal(f_hat, ref_f_hat)
-    graphs = gen._scale_graphs
+    graphs = gen.captured_graphs
     assert isinstance(graphs, ScaleGraphs) and len(graphs.replays) == len(gen.patch_nums)
     var, B2 = gen.var, 2 * len(LABELS)
     static = 4 * (B2 * var.C * (1 + var.L) + sum(2 * B2 * b.attn.H * var.L * b.attn.c for b in var.blocks))
@@ -168,7 +168,7 @@ def test_graph_protocol_replays_the_official_loop_bit_for_bit(variant):
     plain = gen.sample_tokens(LABELS[:2], seed=3, cfg=None, top_k=TOP_K, top_p=TOP_P)
     gen.graph_capture = eager_capture   # no CFG: B rows, not 2B: captured again
     toks, f_hat = gen.sample_tokens(LABELS[:2], seed=3, cfg=None, top_k=TOP_K, top_p=TOP_P)
-    assert gen._scale_graphs is not graphs and gen._scale_graphs.cond_2BD.shape[0] == 2
+    assert gen.captured_graphs is not graphs and gen.captured_graphs.cond_2BD.shape[0] == 2
     assert all(torch.equal(a, b) for a, b in zip(toks, plain[0])) and torch.equal(f_hat, plain[1])
 
 
@@ -177,16 +177,16 @@ def test_graphs_are_captured_again_for_replaced_weights_and_read_edited_ones(sma
     from bench.models.graphs import eager_capture
     small_gen.graph_capture = eager_capture
     small_gen.sample_tokens(LABELS, seed=0, cfg=CFG)
-    first = small_gen._scale_graphs
+    first = small_gen.captured_graphs
     small_gen.var.blocks[1].ffn.fc2.weight.mul_(0.5)            # edited in place: the same graphs read it
     toks, f_hat = small_gen.sample_tokens(LABELS, seed=0, cfg=CFG, top_k=TOP_K, top_p=TOP_P)
-    assert small_gen._scale_graphs is first
+    assert small_gen.captured_graphs is first
     ref_toks, ref_f_hat = official_loop(small_gen, LABELS, 0, CFG, TOP_K, TOP_P)
     assert all(torch.equal(a, b) for a, b in zip(toks, ref_toks)) and torch.equal(f_hat, ref_f_hat)
     fc1 = small_gen.var.blocks[0].ffn.fc1                        # replaced (a physical prune): captured again
     fc1.weight = torch.nn.Parameter(fc1.weight.detach().clone() * 1.5)
     toks2, f_hat2 = small_gen.sample_tokens(LABELS, seed=0, cfg=CFG, top_k=TOP_K, top_p=TOP_P)
-    assert small_gen._scale_graphs is not first
+    assert small_gen.captured_graphs is not first
     ref_toks, ref_f_hat = official_loop(small_gen, LABELS, 0, CFG, TOP_K, TOP_P)
     assert all(torch.equal(a, b) for a, b in zip(toks2, ref_toks)) and torch.equal(f_hat2, ref_f_hat)
 

@@ -174,7 +174,7 @@ def test_after_a_capture_every_configuration_runs_once_more_before_the_timed_one
     from types import SimpleNamespace
     log = []
     cfgs = [Config(c, _Logged(c, log), torch.zeros(1), {}) for c in "AB"]
-    cfgs[1].gen._scale_graphs = SimpleNamespace(capture_s=0.1, replays=[0] * 3, held_mb=2.0, max_abs_diff=0.0)
+    cfgs[1].gen.captured_graphs = SimpleNamespace(capture_s=0.1, replays=[0] * 3, held_mb=2.0, max_abs_diff=0.0)
     out = measure(cfgs, "cpu", reps=3, warmup=1, progress=False)
     assert log[:4] == list("AB" "AB") and log[4:10] == list("AB" "BA" "AB")
     assert out["A"]["graphs"] is None and out["B"]["graphs"]["graphs_count"] == 3
@@ -394,7 +394,8 @@ def test_cuda_graphs_setting_is_checked_and_keyed():
 @pytest.mark.skipif(not HAVE_TINY, reason="no tiny assets")
 def test_cuda_graphs_refuse_text_to_image_models_and_token_methods(capsys, tmp_path):
     err = err_of(capsys, ["latency", "--model", "tiny-t2i", "--cuda-graphs", "--results", str(tmp_path)])
-    assert "tiny-t2i is a text-to-image model; the graphs cover the class-conditional VAR models" in err
+    assert err == ("varbench: error: --model tiny-t2i is a text-to-image model; --cuda-graphs covers the "
+                   "class-conditional VAR models: tiny-var, var-d16, var-d20, var-d24, var-d30\n")
     err = err_of(capsys, ["latency", "--model", "tiny-var", "--cuda-graphs", "--method", "dense",
                           "--method", "tome", "--results", str(tmp_path)])
     assert "is a token method" in err and "time it without --cuda-graphs" in err

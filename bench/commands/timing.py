@@ -4,28 +4,27 @@ from __future__ import annotations
 import json
 import sys
 
-from bench.commands.common import device_for, sampling_overrides, takes_prompts
+from bench.commands.common import device_for, prompt_models, sampling_overrides, takes_prompts
 
 
-def _check_coreml_model(name: str) -> None:
-    """Core ML export covers the class-conditional VAR models (bench.coreml); say so before any work."""
+def _check_class_conditional(name: str, what: str) -> None:
+    """``what`` covers the class-conditional VAR models only (Core ML export, CUDA graphs): say so before
+    any work."""
     from bench.registry import MODELS
     if takes_prompts(MODELS.get(name)):
-        fits = [n for n in MODELS.names() if not takes_prompts(MODELS.get(n))]
-        raise ValueError(f"--model {name} is a text-to-image model; the Core ML export covers the class-conditional "
-                         f"VAR models: {', '.join(fits)}")
+        prompted = prompt_models()
+        fits = [n for n in MODELS.names() if n not in prompted]
+        raise ValueError(f"--model {name} is a text-to-image model; {what} covers the class-conditional VAR "
+                         f"models: {', '.join(fits)}")
 
 
 def _check_graphs(name: str, chains) -> None:
     """CUDA graphs replay the plain per-scale loop of the class-conditional VAR generator
-    (bench.models.graphs): say so before any work for other models and for token methods."""
-    from bench.registry import MODELS
-    from bench.spec import method_kind, parse_method, resolve_chain
-    if takes_prompts(MODELS.get(name)):
-        raise ValueError(f"--cuda-graphs: {name} is a text-to-image model; the graphs cover the class-conditional VAR "
-                         f"models ({', '.join(n for n in MODELS.names() if not takes_prompts(MODELS.get(n)))})")
+    (bench.models.graphs): a text-to-image model or a token method is refused before any work."""
+    from bench.spec import resolve_chain, token_methods
+    _check_class_conditional(name, "--cuda-graphs")
     for chain in chains:
-        tokens = [m for m in resolve_chain(chain) if method_kind(parse_method(m)[0]) == "tokens"]
+        tokens = token_methods(resolve_chain(chain))
         if tokens:
             raise ValueError(f"--cuda-graphs: {tokens[0]} is a token method, which chooses the tokens each scale runs "
                              f"per generation; a captured graph cannot follow that: time it without --cuda-graphs")
@@ -40,7 +39,7 @@ def cmd_latency(args) -> int:
     coreml = (args.device or "") == "coreml"
     if coreml:
         from bench.coreml import require_macos
-        _check_coreml_model(args.model)
+        _check_class_conditional(args.model, "the Core ML export")
         require_macos("--device coreml (latency and op placement per compute unit)")
         if args.compile:
             raise ValueError("--compile applies to PyTorch devices, not --device coreml")
@@ -111,7 +110,7 @@ def cmd_coreml(args) -> int:
     from bench.defaults import BATCH_MAX
     if not 1 <= args.batch <= BATCH_MAX:
         raise ValueError(f"--batch {args.batch}: must be in [1, {BATCH_MAX}]")
-    _check_coreml_model(args.model)
+    _check_class_conditional(args.model, "the Core ML export")
     spec = make_spec(args.model, args.method, bench="latency", n=3, seed=args.seed, world=args.world,
                      ckpt_dir=args.ckpt_dir, need_ckpt=not args.random_weights)
     if args.random_weights:

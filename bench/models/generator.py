@@ -66,7 +66,7 @@ class Generator(nn.Module):
         self.token_policy = token_policy or TokenPolicy()
         # CUDA graphs of the per-scale passes (bench.models.graphs): None, or how a scale is captured
         self.graph_capture = None
-        self._scale_graphs = None
+        self.captured_graphs = None
 
     @property
     def device(self) -> torch.device:
@@ -97,10 +97,10 @@ class Generator(nn.Module):
                              f"{self.token_policy.name!r} chooses the tokens each scale runs per generation: "
                              f"time it without CUDA graphs")
         from bench.models.graphs import ScaleGraphs
-        if self._scale_graphs is None or not self._scale_graphs.matches(self.var, batch2):
-            self._scale_graphs = None   # the old graphs' memory first
-            self._scale_graphs = ScaleGraphs(self.var, batch2, self.graph_capture)
-        return self._scale_graphs
+        if self.captured_graphs is None or not self.captured_graphs.matches(self.var, batch2):
+            self.captured_graphs = None   # the old graphs' memory first
+            self.captured_graphs = ScaleGraphs(self.var, batch2, self.graph_capture)
+        return self.captured_graphs
 
     @torch.no_grad()
     def sample_tokens(self, labels_B: torch.Tensor, seed: Optional[int] = 0, cfg: Optional[float] = SAMPLING["cfg"],

@@ -158,7 +158,7 @@ class ScaleGraphs:
             for _ in range(n):
                 outs = self._step(0)
                 self.ada, self.head_ada = outs[1:-1], outs[-1]
-                logits = [outs[0].clone()] + [self._step(si)[0].clone() for si in range(1, len(self.x))]
+                logits = [outs[0]] + [self._step(si)[0] for si in range(1, len(self.x))]   # fresh tensors: eager
         if on_gpu:
             torch.cuda.current_stream().wait_stream(stream)
         return logits

@@ -366,7 +366,7 @@ SURFACE_TARGETS = [(m, fn, tests) for m, fns, tests in [
         "tests/test_figures.py::test_cli_renders_all_figures", "tests/test_figures.py::test_missing_records_and_unknown_figures_are_clear",
         "tests/test_figures_ablation.py::test_cli_draws_the_figures_it_can_and_reports_the_token_figure"]),
     ("bench.commands.tables", ["cmd_leaderboard"], _SURFACE + ["tests/test_leaderboard.py"]),
-    ("bench.commands.timing", ["cmd_latency", "_check_graphs"], _LATENCY_CLI),
+    ("bench.commands.timing", ["cmd_latency", "_check_graphs", "_check_class_conditional"], _LATENCY_CLI),
     ("bench.commands.timing", ["cmd_coreml"], _COREML_CLI),
     ("bench.commands.folders", ["_geneval_print", "_folder_bench", "_geneval_bench", "_folder_generator",
                                 "cmd_geneval_import", "cmd_geneval_score", "cmd_geneval_generate", "_mjhq_bench",
