@@ -14,7 +14,9 @@ Spec format (``figures/<name>.yaml``); ``title`` and ``kind`` always, the rest p
 ``pareto``: one point per method chain with a record of ``bench`` (model fixed), y error bars from
 the metric's stderr when recorded, x error bars from the latency IQR; the Pareto front (no point
 both cheaper and better) joined by a line; points labelled by chain. ``scale_latency``: one stacked
-bar per chain (per-scale medians, then the VQVAE decode), so where a method saves time is visible.
+bar per chain (per-scale medians, the last scale's sampling step, then the VQVAE decode: together one
+generation; records from before the last step was recorded stack scales and decode only), so where a
+method saves time is visible.
 Latency figures take their records from one measurement run (``metrics.latency_ms.group``, as the
 tables compare times only within one): the run that timed the most chains of the model at the
 setting, the newest on a tie; the note under the figure counts the chains only other runs timed.
@@ -373,7 +375,8 @@ def _draw_scale_latency(spec, records, world, root, plt):
     fig, ax = plt.subplots(figsize=(6.0, 3.6))
     # the dense reference first, then by the drawn height (a sum of per-scale medians, which need not
     # order as the timed medians do, so that the bars stand in order)
-    chains = sorted(lat, key=lambda c: (c != "dense", -sum(lat[c]["cost"]["per_scale_ms"]) - lat[c]["cost"]["decode_ms"]))
+    chains = sorted(lat, key=lambda c: (c != "dense", -sum(lat[c]["cost"]["per_scale_ms"])
+                                        - lat[c]["cost"].get("last_step_ms", 0.0) - lat[c]["cost"]["decode_ms"]))
     K = max(len(lat[c]["cost"]["per_scale_ms"]) for c in chains)
     colors = [plt.cm.viridis(i / max(K - 1, 1)) for i in range(K)]
     hws = _scales_hw(spec["model"][world], K)
@@ -383,6 +386,10 @@ def _draw_scale_latency(spec, records, world, root, plt):
         for si, v in enumerate(cost["per_scale_ms"]):
             ax.bar(j, v, bottom=bottom, color=colors[si], label=names[si] if j == 0 else None, width=0.6)
             bottom += v
+        if "last_step_ms" in cost:   # the last scale's sampling step, after its logits
+            ax.bar(j, cost["last_step_ms"], bottom=bottom, color="0.45", label="last sampling step" if j == 0 else None,
+                   width=0.6)
+            bottom += cost["last_step_ms"]
         ax.bar(j, cost["decode_ms"], bottom=bottom, color="0.75", hatch="//", label="decode" if j == 0 else None,
                width=0.6)
     labels = short_labels(chains)

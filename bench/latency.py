@@ -23,8 +23,9 @@ Per-scale breakdown (protocol version 3): the timed generations themselves read 
 scale's logits are ready and when sampling ends (CPU: ``perf_counter``; CUDA: events in stream order,
 read after the generation, so no synchronisation is added); ``scale_ms[i]`` is the median over the
 timed generations of the time from the previous scale's logits (scale 0: from the start) and includes
-the previous scale's sampling and VQVAE step; ``decode_ms`` is the median VQVAE decode and uint8
-conversion. Version 2 took the breakdown from three separate generations per configuration after the
+the previous scale's sampling and VQVAE step; ``last_step_ms`` is the median of the last scale's own
+sampling and VQVAE step (after its logits); ``decode_ms`` is the median VQVAE decode and uint8
+conversion: the three add up to a generation. Version 2 took the breakdown from three separate generations per configuration after the
 timed ones, one configuration after another: not alternated, so a drift in the machine's speed (20 %
 within a minute, measured on 2 CPU cores) entered the ratios between configurations. The record's
 cost holds beside them each scale's FLOPs attributed the same way (``scale_flops``,
@@ -99,6 +100,20 @@ def summarize(times_s: Sequence[float], seed: int = 0) -> Dict[str, float]:
     return {"value": float(med), "stderr": None, "n": int(t.size), "iqr": float(q3 - q1), "p90": float(p90),
             "ci95": [float(lo), float(hi)], "min": float(t.min()), "max": float(t.max()),
             "times_ms": [round(float(x), 3) for x in t]}
+
+
+NOISY_IQR = 0.10   # IQR/median above which a configuration's times are flagged (torch.utils.benchmark's warning)
+
+
+def speedup_ci(base_ms: Sequence[float], ms: Sequence[float], seed: int = 0) -> Tuple[float, float]:
+    """95 % bootstrap CI of the ratio of medians median(base) / median(this): each configuration's times
+    resampled on their own, ``BOOTSTRAP`` times."""
+    a, b = np.asarray(base_ms, dtype=np.float64), np.asarray(ms, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    med_a = np.median(a[rng.integers(0, a.size, size=(BOOTSTRAP, a.size))], axis=1)
+    med_b = np.median(b[rng.integers(0, b.size, size=(BOOTSTRAP, b.size))], axis=1)
+    lo, hi = np.percentile(med_a / med_b, [2.5, 97.5])
+    return float(lo), float(hi)
 
 
 # ------------------------------------------------------------------------------------------ memory
@@ -241,11 +256,11 @@ class Config:
     graphs: Optional[dict] = None   # --cuda-graphs: capture time and memory (bench.models.graphs)
 
 
-def timed_generation(cfg: Config, timer: Timer, seed: int) -> Tuple[float, List[float], float]:
+def timed_generation(cfg: Config, timer: Timer, seed: int) -> Tuple[float, List[float], float, float]:
     """One generation as ``generate`` runs it (sampling, then the decode; on the CPU the heap kept, as
     ``bench.models.heap``), with the clock read at every scale's logits and when sampling ends:
-    (total s, per-scale s, decode s). Scale i runs from the previous scale's logits (scale 0: from the
-    start); the last scale's sampling step, after its logits, is in the total only."""
+    (total s, per-scale s, last step s, decode s). Scale i runs from the previous scale's logits (scale 0:
+    from the start); the last step is the last scale's own sampling and VQVAE step, after its logits."""
     import torch
 
     from bench.models.heap import reuse_heap
@@ -259,7 +274,7 @@ def timed_generation(cfg: Config, timer: Timer, seed: int) -> Tuple[float, List[
         cfg.gen.decode_uint8(f_hat)
         marks.append(timer.mark())
     s = timer.seconds(marks)
-    return sum(s), s[:scales], s[-1]
+    return sum(s), s[:scales], s[scales], s[-1]
 
 
 COMPILE_SETTLE = 6   # extra warm-up generations at most under --compile, until one compiles nothing
@@ -349,7 +364,7 @@ def measure(configs: Sequence[Config], device: str, reps: int, warmup: int, seed
                 timed_graphs[cfg.label] += graphs() - g0
         out = {}
         for cfg in configs:
-            total, scales, decode = zip(*runs[cfg.label])
+            total, scales, last, decode = zip(*runs[cfg.label])
             if timed_graphs[cfg.label]:
                 print(f"warning: {cfg.label}: {timed_graphs[cfg.label]} graph(s) compiled during the timed "
                       f"generations; its times include compiling", file=sys.stderr)
@@ -357,6 +372,7 @@ def measure(configs: Sequence[Config], device: str, reps: int, warmup: int, seed
                 "latency_ms": summarize(total, seed),
                 "peak_mem": peak_memory(cfg, timer, seed + 1),
                 "breakdown": {"scale_ms": [round(float(np.median(c)) * 1e3, 3) for c in zip(*scales)],
+                              "last_step_ms": round(float(np.median(last)) * 1e3, 3),
                               "decode_ms": round(float(np.median(decode)) * 1e3, 3), "n": reps},
                 "compile": None if not compile else {"compile_s": cfg.compile_s, "compile_graphs": cfg.compile_graphs,
                                                      "compile_graphs_timed": timed_graphs[cfg.label]},
@@ -527,7 +543,8 @@ def _run_latency(specs, root, ckpt_dir, force: bool, progress: bool) -> List[dic
                    **({"peak_mem_mb": {**r["peak_mem"], "n": 1}} if r["peak_mem"] else {})}
         cost = {**{k: v for k, v in model_cost(gen, spec.sampling, per_scale=True).items() if v is not None},
                 "batch": batch, "device": device,
-                "per_scale_ms": r["breakdown"]["scale_ms"], "decode_ms": r["breakdown"]["decode_ms"],
+                "per_scale_ms": r["breakdown"]["scale_ms"], "last_step_ms": r["breakdown"]["last_step_ms"],
+                "decode_ms": r["breakdown"]["decode_ms"],
                 "breakdown_n": r["breakdown"]["n"], "threads": thread_info()}
         cost.update(r["compile"] or {})
         cost.update(r["graphs"] or {})
@@ -599,18 +616,31 @@ def report(specs, records, labels: Sequence[str]) -> str:
                else f"{'–':>9s} {'':20s}")
         lines.append(f"{lab[:34]:34s} {m['value']:10.1f} {m['iqr']:8.1f} {m['p90']:9.1f} {ci:>20s} "
                      f"{rec['metrics']['images_per_s']['value']:7.3f} {mem} {speed:8.2f}× {flops:10.2f}×")
+    base_times = base["metrics"]["latency_ms"].get("times_ms")
+    cis = [f"{lab[:34]} [{lo:.2f}, {hi:.2f}]×" for lab, rec in list(zip(labels, records))[1:]
+           for times in [rec["metrics"]["latency_ms"].get("times_ms")] if base_times and times
+           for lo, hi in [speedup_ci(base_times, times)]]
+    if cis:
+        lines.append("95 % CI of each speed-up (bootstrap of the ratio of medians, "
+                     f"{BOOTSTRAP} resamples): " + "; ".join(cis))
+    noisy = [f"{lab[:34]} {m['iqr'] / m['value']:.0%}" for lab, rec in zip(labels, records)
+             for m in [rec["metrics"]["latency_ms"]] if m["iqr"] > NOISY_IQR * m["value"]]
+    if noisy:
+        lines.append(f"noisy: IQR above {NOISY_IQR:.0%} of the median for " + ", ".join(noisy)
+                     + " (a busy machine; more --reps or a quieter moment narrows it)")
     for lab, rec in zip(labels, records):
         c = rec["cost"]
         if "ops_cpu" in c:
             lines.append(f"  {lab[:40]:40s} Core ML ops: CPU {c['ops_cpu']}  GPU {c['ops_gpu']}  NPU {c['ops_npu']}"
                          f"  (load {rec['timings'].get('coreml_load_s', 0):.2f} s)")
-    lines.append("per-scale ms (medians over the timed generations; decode = VQVAE decode + uint8), "
-                 "and the scales' speed-up (decode left out, as in the FLOPs ratio):")
+    lines.append("per-scale ms (medians over the timed generations; last = the last scale's sampling step; decode = "
+                 "VQVAE decode + uint8), and the scales' speed-up (last step and decode left out, as in the FLOPs ratio):")
     base_scales = sum(base["cost"]["per_scale_ms"])
     for lab, rec in zip(labels, records):
         c = rec["cost"]
         scales = sum(c["per_scale_ms"])
         lines.append(f"  {lab[:32]:32s} " + " ".join(f"{x:.0f}" for x in c["per_scale_ms"])
+                     + (f" | last {c['last_step_ms']:.0f}" if "last_step_ms" in c else "")
                      + f" | decode {c['decode_ms']:.0f}" + (f" | compile {c['compile_s']:.1f} s" if "compile_s" in c else "")
                      + (f", {c['compile_graphs']} graphs" if "compile_graphs" in c else "")
                      + (f" | {c['graphs_count']} CUDA graphs captured in {c['graphs_capture_s']:.1f} s, "

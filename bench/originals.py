@@ -5,7 +5,10 @@ A run whose bench setting has ``fidelity`` on (``varbench run ... --fidelity``; 
 bench, n, seed and sampling settings with no method — on the same conditions and seeds (image i of
 both runs: the same prompt or class, the same batch seed): FID* (the bench's FID between the two
 image sets' features, ScaleKV/DistriFusion's "FID w/ Orig."), and per pair PSNR and SSIM
-(``bench.metrics.pairs``).
+(``bench.metrics.pairs``). The features are the bench's own: on mjhq30k clean-fid's, as ScaleKV and
+DistriFusion compute it (a two-folder clean-fid FID); on imagenet256 the torch-fidelity Inception
+features of its FID (TF1 bilinear resize inside the network, not clean-fid's PIL bicubic: a
+difference varbench has not measured); in the tiny world the tiny feature network's.
 
 The original's images are sampled once and kept as lossless PNGs (pairs are exact) with the bench's
 feature rows of them, in ``<results>/<world>/<model>/<bench>/_originals/<key>/`` (``key``: the run key

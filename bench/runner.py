@@ -10,6 +10,7 @@ the bench's reference files exist, an existing record is not of a newer schema.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Dict
@@ -138,6 +139,9 @@ def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: 
         if rec is not None:
             return rec
     preflight(spec, root)
+    partial = bench_of(spec).coverage_note(spec.n)
+    if partial and shard.rank() == 0:
+        print(f"varbench: warning: {partial}", file=sys.stderr)
     device = shard.setup(device)        # torchrun: this rank's device, process group up; else unchanged
     timings: Dict[str, float] = {}
     t0 = time.perf_counter()
@@ -219,7 +223,7 @@ def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: 
             "images_per_s": spec.n / timings["sample_s"], "sample_batch": bench.batch_size,
             "latency_ms_per_image": 1000 * timings["sample_s"] / spec.n, "device": device}
     cost = {k: v for k, v in {**cost, **shard_cost}.items() if v is not None}
-    rec = make_record(spec, metrics, cost, timings, notes=ctx.notes, device=device)
+    rec = make_record(spec, metrics, cost, timings, notes=[*ctx.notes, *([partial] if partial else [])], device=device)
     write_record(path, rec)
     shard.finish(path)
     return rec

@@ -633,6 +633,24 @@ def test_scale_latency_stacks_each_chains_scales_then_the_decode():
     assert note == "tiny-var · cpu · batch 1 · tiny world"
 
 
+def test_the_last_sampling_step_stands_between_the_scales_and_the_decode_and_counts_in_the_order():
+    from matplotlib.colors import to_hex
+    spec = {"name": "s", "kind": "scale_latency", "model": {"tiny": "tiny-var"}, "latency": {}}
+    recs = [_lat("a", [], 100.0, "g"), _lat("b", ["tome"], 80.0, "g"), _lat("c", ["fastvar:drop=0.5"], 90.0, "g")]
+    recs[0][1]["cost"] = {"per_scale_ms": [10.0, 20.0], "last_step_ms": 3.0, "decode_ms": 40.0}
+    recs[1][1]["cost"] = {"per_scale_ms": [5.0, 10.0], "last_step_ms": 2.5, "decode_ms": 40.0}   # 57.5 ms
+    recs[2][1]["cost"] = {"per_scale_ms": [5.0, 10.0], "decode_ms": 41.0}   # an older record: 56 ms, no last step
+    fig, _ = _draw(spec, _records(*recs))
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["dense", "tome", "fastvar"]
+    stacks = [(round(p.get_x() + p.get_width() / 2), p.get_y(), p.get_height(), to_hex(p.get_facecolor()))
+              for p in ax.patches]
+    assert stacks[2:4] == [(0, 30.0, 3.0, to_hex("0.45")), (0, 33.0, 40.0, to_hex("0.75"))]
+    assert stacks[6:8] == [(1, 15.0, 2.5, to_hex("0.45")), (1, 17.5, 40.0, to_hex("0.75"))]
+    assert stacks[10:] == [(2, 15.0, 41.0, to_hex("0.75"))]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["scale 0", "scale 1", "last sampling step", "decode"]
+
+
 def test_scales_are_named_by_their_size_when_the_record_has_the_models_scales():
     spec = {"name": "s", "kind": "scale_latency", "model": {"tiny": "tiny-t2i"}, "latency": {}}
     _, rec = _lat("a", [], 100.0, "g", model="tiny-t2i")

@@ -641,3 +641,23 @@ def test_prompt_benches_check_n_and_their_prompts():
     with pytest.raises(ValueError) as e:
         b.evaluate(imgs, b.labels(8)[4:], progress=False)
     assert str(e.value) == "shapes-geneval: the images' prompts are not this bench's prompts in order"
+
+
+def test_coverage_note_names_the_tasks_a_prefix_of_the_prompts_reaches():
+    """Prompts run task by task in the metadata's order: a smaller n reaches the first tasks only, and the
+    overall score is then their mean; every task reached (the last one in part) is no note."""
+    from bench.registry import BENCHES
+    g = BENCHES.get("geneval")()
+    counts = {}
+    for r in g.rows():
+        counts[r["tag"]] = counts.get(r["tag"], 0) + 1
+    assert list(counts) == ["single_object", "two_object", "counting", "colors", "position", "color_attr"]
+    first_five = 4 * sum(list(counts.values())[:5])
+    assert g.coverage_note(first_five + 4) is None and g.coverage_note(g.default_n) is None
+    assert g.coverage_note(first_five) == (
+        f"geneval at n = {first_five}: its first {first_five // 4} prompt(s) (in the metadata's order, task by task) "
+        "cover 5 of the 6 tasks (single_object, two_object, counting, colors, position); geneval is the mean over "
+        "those, not the overall score of all 6 (n = 2212)")
+    assert "cover 2 of the 6 tasks (single_object, two_object)" in g.coverage_note(4 * counts["single_object"] + 4)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        g.coverage_note(6)

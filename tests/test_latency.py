@@ -232,8 +232,9 @@ def test_the_cuda_clock_reads_events_after_the_generation_without_synchronising_
             fake.clock += 4e-3
             return f
 
-    total, scales, decode = timed_generation(Config("A", Gen("A", log), torch.zeros(1), {}), timer, seed=1)
+    total, scales, last, decode = timed_generation(Config("A", Gen("A", log), torch.zeros(1), {}), timer, seed=1)
     assert scales == pytest.approx([x / 1e3 for x in gpu_ms]) and decode == pytest.approx(4e-3)
+    assert last == pytest.approx(0.25e-3)
     assert total == pytest.approx((sum(gpu_ms) + 0.25 + 4) / 1e3)
     assert fake.syncs == [("device", 0.0), ("event", pytest.approx(total))]   # before, and the last event
 
@@ -273,6 +274,7 @@ def test_the_breakdown_is_read_from_the_timed_generations(monkeypatch):
         # median seed 2.5: scales 25, 50, 75 ms × factor; each generation 60 ms × seed × factor + 1 + 4 ms
         assert out[name]["breakdown"]["scale_ms"] == pytest.approx([25 * factor, 50 * factor, 75 * factor])
         assert out[name]["breakdown"]["decode_ms"] == pytest.approx(4.0) and out[name]["breakdown"]["n"] == 4
+        assert out[name]["breakdown"]["last_step_ms"] == pytest.approx(1.0)
         assert out[name]["latency_ms"]["times_ms"] == pytest.approx([60 * s * factor + 5 for s in (1, 2, 3, 4)])
 
 
@@ -295,7 +297,7 @@ def test_cli_compares_two_chains_writes_records_and_reuses_them(tmp_path, capsys
         lat = r["metrics"]["latency_ms"]
         assert lat["value"] > 0 and len(lat["times_ms"]) == 3 and lat["iqr"] >= 0
         assert r["metrics"]["images_per_s"]["value"] == pytest.approx(1e3 / lat["value"])
-        assert len(r["cost"]["per_scale_ms"]) == 7 and r["cost"]["decode_ms"] > 0
+        assert len(r["cost"]["per_scale_ms"]) == 7 and r["cost"]["decode_ms"] > 0 and r["cost"]["last_step_ms"] > 0
         assert len(r["cost"]["scale_flops"]) == 7 and r["cost"]["scale_passes"] == [True] * 7
         assert r["cost"]["threads"]["intra_op"] == 1
         assert r["cost"]["threads"]["cpus_available"] == len(os.sched_getaffinity(0))
@@ -456,7 +458,7 @@ def test_the_compiled_warm_up_goes_on_until_a_generation_compiles_nothing(monkey
         i = state["gens"]
         state["gens"] += 1
         state["graphs"] += state["new"][i]
-        return state["times"][i], [], 0.0
+        return state["times"][i], [], 0.0, 0.0
 
     monkeypatch.setattr(L, "timed_generation", fake_generation)
     monkeypatch.setattr(L, "compiled_graphs", lambda: state["graphs"])
@@ -500,7 +502,7 @@ def test_measure_counts_graphs_compiled_while_timed_and_says_so(monkeypatch, cap
         seen.append((cfg.label, seed))
         if cfg.label == "B" and seed == 7:
             state["graphs"] += 2                     # B compiles during its second timed generation
-        return 0.01 * seed, [0.0012345, 0.002], 0.004
+        return 0.01 * seed, [0.0012345, 0.002], 0.0005 * seed, 0.004
 
     monkeypatch.setattr(L, "timed_generation", fake_generation)
     monkeypatch.setattr(L, "compiled_graphs", lambda: state["graphs"])
@@ -516,7 +518,7 @@ def test_measure_counts_graphs_compiled_while_timed_and_says_so(monkeypatch, cap
     assert capsys.readouterr().err == ("warning: B: 2 graph(s) compiled during the timed generations; its times "
                                        "include compiling\n")
     assert out["A"]["latency_ms"]["times_ms"] == [60.0, 70.0, 80.0] and out["A"]["latency_ms"]["value"] == 70.0
-    assert out["A"]["breakdown"] == {"scale_ms": [round(1.2345, 3), 2.0], "decode_ms": 4.0, "n": 3}
+    assert out["A"]["breakdown"] == {"scale_ms": [round(1.2345, 3), 2.0], "last_step_ms": 3.5, "decode_ms": 4.0, "n": 3}
     assert out["A"]["peak_mem"] is None and out["A"]["graphs"] is None
     out = L.measure([Config("A", None, None, {})], "cpu", reps=3, warmup=1, progress=False)   # eager: no compile entry
     assert out["A"]["compile"] is None and capsys.readouterr().err == ""

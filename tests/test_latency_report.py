@@ -23,8 +23,9 @@ def test_the_ci_is_the_2_5_and_97_5_percentiles_of_bootstrapped_medians():
         summarize([0.1, 0.2])
 
 
-def _rec(per_scale, flops, passes, total, params=10, mem=(1.0, 0.8, 0.2), **cost):
-    lat = {"value": total, "iqr": 0.25 * total, "p90": 1.1 * total, "ci95": [0.9 * total, 1.2 * total]}
+def _rec(per_scale, flops, passes, total, params=10, mem=(1.0, 0.8, 0.2), iqr=0.25, times=None, **cost):
+    lat = {"value": total, "iqr": iqr * total, "p90": 1.1 * total, "ci95": [0.9 * total, 1.2 * total],
+           **({"times_ms": times} if times else {})}
     metrics = {"latency_ms": lat, "images_per_s": {"value": 1e3 / total}}
     if mem:
         metrics["peak_mem_mb"] = {"value": mem[0], "weights_mb": mem[1], "working_mb": mem[2]}
@@ -40,9 +41,12 @@ def test_the_report_in_full_with_the_pass_cost_model():
     """Dense scales 2…5 cost 5 ms + 2 ms/GFLOP exactly, so the fit is a = 5.0, b = 2.00, R² 1. 'group' runs
     scales 3–5 in one pass (LazyVAR-like); 'light' drops FLOPs of the last scale; 'other' has other weights
     and is left out of the model's predictions."""
-    dense = _rec([0.5] + [5 + 2 * x / 1e9 for x in F_S[1:]], F_S, [True] * 5, 60.0, mem=(100.0, 80.0, 20.0))
-    group = _rec([0.5, 7.0, 7.8, 0.1, 0.1], [0.1e9, 1e9, 1.4e9, 0, 0], [True, True, True, False, False], 20.0)
-    light = _rec([0.5, 7.0, 9.0, 13.0, 19.0], [0.1e9, 1e9, 2e9, 4e9, 7e9], [True] * 5, 58.0)
+    dense = _rec([0.5] + [5 + 2 * x / 1e9 for x in F_S[1:]], F_S, [True] * 5, 60.0, mem=(100.0, 80.0, 20.0),
+                 times=[60.0] * 3)
+    group = _rec([0.5, 7.0, 7.8, 0.1, 0.1], [0.1e9, 1e9, 1.4e9, 0, 0], [True, True, True, False, False], 20.0,
+                 times=[20.0] * 3, iqr=0.1)   # 10 %: not flagged
+    light = _rec([0.5, 7.0, 9.0, 13.0, 19.0], [0.1e9, 1e9, 2e9, 4e9, 7e9], [True] * 5, 58.0, last_step_ms=2.4,
+                 times=[58.0] * 3, iqr=0.05)
     other = _rec([0.5, 7.0, 9.0, 13.0, 19.0], [0.1e9, 1e9, 2e9, 4e9, 7e9], [True] * 5, 30.0, params=5)
     spec = SimpleNamespace(model="m", n=3, protocol={"device": "cpu", "batch": 1, "threads": 2, "warmup": 1})
     out = report([spec] * 4, [dense, group, light, other], ["dense", "group", "light", "a-very-long-configuration-label-cut"])
@@ -52,17 +56,22 @@ def test_the_report_in_full_with_the_pass_cost_model():
         " (weights + working)  speed-up FLOPs ratio",
         "dense                                    60.0     15.0      66.0         [54.0, 72.0]  16.667       100"
         "        80       20.0     1.00×       1.00×",
-        "group                                    20.0      5.0      22.0         [18.0, 24.0]  50.000         1"
+        "group                                    20.0      2.0      22.0         [18.0, 24.0]  50.000         1"
         "         1        0.2     3.00×       6.04×",
-        "light                                    58.0     14.5      63.8         [52.2, 69.6]  17.241         1"
+        "light                                    58.0      2.9      63.8         [52.2, 69.6]  17.241         1"
         "         1        0.2     1.03×       1.07×",
         "a-very-long-configuration-label-cu       30.0      7.5      33.0         [27.0, 36.0]  33.333         1"
         "         1        0.2     2.00×       1.07×",
-        "per-scale ms (medians over the timed generations; decode = VQVAE decode + uint8), and the scales' "
-        "speed-up (decode left out, as in the FLOPs ratio):",
+        # constant times: each CI is the ratio itself; 'other' has no times (a record from before they were kept)
+        "95 % CI of each speed-up (bootstrap of the ratio of medians, 2000 resamples): group [3.00, 3.00]×; "
+        "light [1.03, 1.03]×",
+        "noisy: IQR above 10% of the median for dense 25%, a-very-long-configuration-label-cu 25% (a busy machine; "
+        "more --reps or a quieter moment narrows it)",
+        "per-scale ms (medians over the timed generations; last = the last scale's sampling step; decode = VQVAE "
+        "decode + uint8), and the scales' speed-up (last step and decode left out, as in the FLOPs ratio):",
         "  dense                            0 7 9 13 21 | decode 1 | scales 50 ms, 1.00×",
         "  group                            0 7 8 0 0 | decode 1 | scales 16 ms, 3.26×",
-        "  light                            0 7 9 13 19 | decode 1 | scales 48 ms, 1.04×",
+        "  light                            0 7 9 13 19 | last 2 | decode 1 | scales 48 ms, 1.04×",   # old records: no last
         "  a-very-long-configuration-label- 0 7 9 13 19 | decode 1 | scales 48 ms, 1.04×",
         "pass-cost model from the first configuration's scales 1…K−1: t = 5.0 ms per pass through the blocks + "
         "2.00 ms/GFLOP (R² 1.000); what each configuration would take if its passes cost what the first's do at "
@@ -83,16 +92,30 @@ def test_the_report_in_full_with_the_pass_cost_model():
         "working memory of one generation (as if it ran alone)"]
 
 
+def test_speedup_ci_is_a_bootstrap_of_the_ratio_of_medians():
+    from bench.latency import speedup_ci
+    assert speedup_ci([10.0] * 5, [5.0] * 5) == (2.0, 2.0)
+    base, fast = [9.0, 10.0, 11.0, 10.5, 9.5], [4.0, 5.0, 6.0, 5.5, 4.5]
+    lo, hi = speedup_ci(base, fast, seed=1)
+    assert speedup_ci(base, fast, seed=1) == (lo, hi)   # seeded
+    # the extremes: the fastest base median over the slowest other one, and the reverse (here 9/6, 11/4)
+    assert 1.5 <= lo < 2.0 < hi <= 2.75
+    assert speedup_ci(fast, base, seed=1) == pytest.approx((1 / hi, 1 / lo), rel=0.15)
+    lo2, hi2 = speedup_ci([x * 2 - 10 for x in base], fast, seed=1)   # base spread doubled: a wider interval
+    assert hi2 - lo2 > hi - lo
+
+
 def test_the_report_of_compiled_and_core_ml_runs_without_a_breakdown_model():
     """torch.compile in the header and per configuration; Core ML's op counts and load time; no peak
     memory for Core ML; fewer than four scales: no pass-cost model."""
-    compiled = _rec([1.0, 2.0, 3.0], [1e9, 2e9, 3e9], [True] * 3, 8.0, compile_s=12.34, compile_graphs=3)
-    coreml = _rec([1.0, 1.0, 1.0], [1e9, 2e9, 3e9], [True] * 3, 4.0, mem=None, ops_cpu=5, ops_gpu=7, ops_npu=0)
+    compiled = _rec([1.0, 2.0, 3.0], [1e9, 2e9, 3e9], [True] * 3, 8.0, compile_s=12.34, compile_graphs=3, iqr=0.0)
+    coreml = _rec([1.0, 1.0, 1.0], [1e9, 2e9, 3e9], [True] * 3, 4.0, mem=None, ops_cpu=5, ops_gpu=7, ops_npu=0,
+                  iqr=0.0)
     spec = SimpleNamespace(model="tiny-var", n=5, protocol={"device": "cpu", "batch": 2, "warmup": 2, "compile": True})
     out = report([spec] * 2, [compiled, coreml], ["compiled", "coreml"]).splitlines()
     assert out[0] == ("tiny-var · cpu · batch 2 · torch.compile · 5 timed generations per configuration, alternated, "
                       "after 2 warm-up (more under torch.compile until one compiles nothing)")
-    assert out[3] == ("coreml                                    4.0      1.0       4.4           [3.6, 4.8] 250.000"
+    assert out[3] == ("coreml                                    4.0      0.0       4.4           [3.6, 4.8] 250.000"
                       "         –                          2.00×       1.00×")
     assert out[4] == "  coreml                                   Core ML ops: CPU 5  GPU 7  NPU 0  (load 1.50 s)"
     assert out[6] == "  compiled                         1 2 3 | decode 1 | compile 12.3 s, 3 graphs | scales 6 ms, 1.00×"
@@ -149,7 +172,7 @@ def test_pass_cost_span_when_the_passes_balance_exactly():
 
 def test_the_report_of_a_cuda_graph_run():
     graphed = _rec([1.0, 2.0, 3.0], [1e9, 2e9, 3e9], [True] * 3, 8.0, graphs_capture_s=0.456, graphs_count=3,
-                   graphs_held_mb=41.6, graphs_max_abs_diff=0.0)
+                   graphs_held_mb=41.6, graphs_max_abs_diff=0.0, iqr=0.05)
     spec = SimpleNamespace(model="var-d16", n=5, protocol={"device": "cuda", "batch": 1, "warmup": 2,
                                                            "compile": False, "cuda_graphs": True})
     out = report([spec], [graphed], ["dense"]).splitlines()

@@ -445,3 +445,43 @@ def test_mjhq_folder_layout_seeds_resume_and_what_score_reads(tmp_path):
         with pytest.raises(FileNotFoundError) as e:
             mb.score_folder(sb, where, 12, stream, progress=False)
         assert str(e.value) == message
+
+
+def test_openai_clip_loads_from_a_torchscript_archive_as_clip_load_files_are(tmp_path):
+    """OpenAI's ViT-L-14.pt is a TorchScript archive, which open_clip's loader (torch.load with
+    weights_only=True) refuses; a state dict file still goes through weights_only. A tiny CLIP config
+    stands in for ViT-L-14 (the same code path)."""
+    import warnings
+
+    import open_clip
+    from open_clip import factory
+
+    from bench.metrics.clip_score import is_torchscript, load_openai_clip
+    factory._MODEL_CONFIGS["varbench-test-tiny-quickgelu"] = {
+        "embed_dim": 16, "quick_gelu": True,
+        "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 16, "head_width": 16},
+        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}
+    try:
+        arch = "varbench-test-tiny-quickgelu"
+        torch.manual_seed(0)
+        model = open_clip.create_model(arch).eval()
+        mask = model.attn_mask   # OpenAI's archive holds the mask as a constant, not a buffer
+        del model._buffers["attn_mask"]
+        model.attn_mask = mask
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            traced = torch.jit.trace(model, (torch.randn(1, 3, 32, 32), torch.zeros(1, 77, dtype=torch.long)),
+                                     strict=False, check_trace=False)
+        traced.save(str(tmp_path / "ViT-L-14.pt"))
+        torch.save(model.state_dict(), tmp_path / "open_clip_pytorch_model.bin")
+        assert is_torchscript(tmp_path / "ViT-L-14.pt") and not is_torchscript(tmp_path / "open_clip_pytorch_model.bin")
+        (tmp_path / "none.txt").write_text("x")
+        assert not is_torchscript(tmp_path / "none.txt")
+        want = model.state_dict()
+        for name in ("ViT-L-14.pt", "open_clip_pytorch_model.bin"):
+            loaded, preprocess, tokenizer = load_openai_clip(tmp_path / name, arch=arch)
+            got = loaded.state_dict()
+            assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want), name
+            assert not loaded.training and tokenizer(["a red circle"]).shape == (1, 77)
+    finally:
+        del factory._MODEL_CONFIGS["varbench-test-tiny-quickgelu"]

@@ -290,8 +290,9 @@ def test_the_sharded_path_in_one_process(tmp_path, clocked, monkeypatch, case):
         assert rec["timings"]["load_s"] == LOAD and rec["timings"]["methods_s"] == 2 * METHOD
 
 
-def test_a_bench_without_feature_rows_scores_all_images_at_once(tmp_path, monkeypatch):
-    """shapes-geneval (feature_chunk 0): the run samples every image, then the bench evaluates them in one step."""
+def test_a_bench_without_feature_rows_scores_all_images_at_once(tmp_path, monkeypatch, capsys):
+    """shapes-geneval (feature_chunk 0): the run samples every image, then the bench evaluates them in one step.
+    8 images reach GenEval's first task only: said before the run and kept in the record's notes."""
     from bench.benches.geneval import ShapesGenEval
     seen = []
     real = ShapesGenEval.evaluate
@@ -302,6 +303,10 @@ def test_a_bench_without_feature_rows_scores_all_images_at_once(tmp_path, monkey
     assert seen == [((8, 3, 64, 64), ShapesGenEval().labels(8), 2)]
     assert rec["metrics"]["geneval_images"]["n"] == 8 and rec["cost"]["sample_batch"] == 4
     assert set(rec["timings"]) == {"load_s", "methods_s", "sample_s", "metrics_s", "total_s"}
+    note = ("shapes-geneval at n = 8: its first 2 prompt(s) (in the metadata's order, task by task) cover 1 of the 6 "
+            "tasks (single_object); geneval is the mean over those, not the overall score of all 6 (n = 960)")
+    assert rec["notes"] == [note] and capsys.readouterr().err == f"varbench: warning: {note}\n"
+    assert set(rec["metrics"]) & {f"geneval_{t}" for t in ("two_object", "position")} == set()
 
 
 def test_prepared_generator_for_timing_and_export(clocked, monkeypatch):

@@ -17,7 +17,7 @@ or metric code change, so that every record made under the old protocol is repor
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
     import torch
@@ -85,6 +85,11 @@ class Bench:
 
     def preflight(self) -> None:
         """Raise now (before any sampling) if a file ``evaluate`` will need is missing."""
+
+    def coverage_note(self, n: int) -> Optional[str]:
+        """A sentence for the record (and a warning before the run) when ``n`` images cover only part of
+        what the bench's headline metric averages over (GenEval's tasks); None when they cover it all."""
+        return None
 
     # Scoring in two steps, so that a sharded run (bench.shard) can deal feature extraction over its
     # ranks: ``features`` maps images to per-image rows (the features and logits the metrics need),

@@ -292,6 +292,18 @@ class _GenEvalBench(Bench):
                              f"of {IMAGES_PER_PROMPT} up to {full} (all {full // IMAGES_PER_PROMPT} prompts, the default)")
         return n
 
+    def coverage_note(self, n: int) -> Optional[str]:
+        """The prompts run in the metadata's order, task by task (GenEval's file and shapes-geneval alike),
+        so a smaller ``n`` leaves the last tasks out and ``geneval`` is the mean over the tasks it reached."""
+        rows = self.rows()
+        tags = list(dict.fromkeys(r["tag"] for r in rows))
+        present = list(dict.fromkeys(r["tag"] for r in rows[:self.check_n(n) // IMAGES_PER_PROMPT]))
+        if len(present) == len(tags):
+            return None
+        return (f"{self.name} at n = {n}: its first {n // IMAGES_PER_PROMPT} prompt(s) (in the metadata's order, task by "
+                f"task) cover {len(present)} of the {len(tags)} tasks ({', '.join(present)}); geneval is the mean over "
+                f"those, not the overall score of all {len(tags)} (n = {self.default_n})")
+
     def labels(self, n: int) -> List[str]:   # type: ignore[override]
         self.check_n(n)
         return [r["prompt"] for r in self.rows()[:n // IMAGES_PER_PROMPT] for _ in range(IMAGES_PER_PROMPT)]

@@ -15,6 +15,7 @@ measured).
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -24,8 +25,21 @@ import torch
 ARCH = "ViT-L-14-quickgelu"
 
 
+def is_torchscript(path) -> bool:
+    """Whether ``path`` is a TorchScript archive (OpenAI's ``clip.load`` files, e.g. ViT-L-14.pt): a zip
+    whose record folder holds ``code/``."""
+    import zipfile
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as z:
+        return any(n.split("/")[1:2] == ["code"] for n in z.namelist())
+
+
 def load_openai_clip(weights, device: str = "cpu", arch: str = ARCH):
-    """(model, val preprocess, tokenizer) of OpenAI's CLIP from a local file (never downloads)."""
+    """(model, val preprocess, tokenizer) of OpenAI's CLIP from a local file (never downloads): a state
+    dict (``open_clip_pytorch_model.bin``, safetensors) or OpenAI's TorchScript archive. The archive's
+    weights are read with ``torch.jit.load`` (open_clip's loader passes ``weights_only=True`` to
+    ``torch.load``, which refuses TorchScript) and loaded strictly into ``arch``, cast to fp32."""
     weights = Path(weights) if weights else None
     if weights is None or not weights.is_file():
         raise FileNotFoundError(
@@ -33,7 +47,12 @@ def load_openai_clip(weights, device: str = "cpu", arch: str = ARCH):
             f"openai/CLIP, or open_clip_pytorch_model.bin of timm/vit_large_patch14_clip_224.openai) and give "
             f"its path (VARBENCH_CLIP_WEIGHTS); varbench never downloads at run time")
     import open_clip
-    model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=str(weights), device=device)
+    script = is_torchscript(weights)
+    with warnings.catch_warnings():   # torch.load says it hands a TorchScript archive to torch.jit.load
+        warnings.filterwarnings("ignore", message=".*TorchScript archive.*")
+        warnings.filterwarnings("ignore", message=".*torch.jit.load.* is deprecated", category=FutureWarning)
+        model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=str(weights), device=device,
+                                                                     weights_only=not script)
     return model.eval(), preprocess, open_clip.get_tokenizer(arch)
 
 
