@@ -52,9 +52,11 @@ def locate(filename: str, folder: Optional[str | os.PathLike], source: str) -> P
     return locate_all([(filename, source)], folder)[filename]
 
 
-def locate_all(files: Iterable[Tuple[str, str]], folder: Optional[str | os.PathLike]) -> Dict[str, Path]:
+def locate_all(files: Iterable[Tuple[str, str]], folder: Optional[str | os.PathLike],
+               put: Optional[str] = None) -> Dict[str, Path]:
     """``{filename: path}`` of (filename, source) pairs in the checkpoint folder; one
-    :class:`CheckpointNotFound` lists every missing file with where to get it."""
+    :class:`CheckpointNotFound` lists every missing file with where to get it (and ``put``: where it
+    goes, as ``not_found``)."""
     d = ckpt_dir(folder)
     found, missing = {}, []
     for filename, source in files:
@@ -64,7 +66,7 @@ def locate_all(files: Iterable[Tuple[str, str]], folder: Optional[str | os.PathL
         else:
             missing.append(f"{filename}: get it from {source}")
     if missing:
-        raise not_found(d, missing)
+        raise not_found(d, missing, put)
     return found
 
 

@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "model's world): shipped tiny models and generated data; paper: official checkpoints and real data")
         sp.add_argument("--seed", type=parse_seed, default=0, help="run seed, 0 … 2^32-1 (sampling batches, bootstrap, recovery)")
         sp.add_argument("--n", type=int, default=None, help="images per run, a positive multiple of the bench's "
-                        "classes (default: the table's or the bench's protocol)")
+                        "unit: its classes (class-conditional benches), 4 images per prompt (GenEval benches), its "
+                        "categories (MJHQ benches) (default: the table's or the bench's protocol)")
         results(sp)
         sp.add_argument("--force", action="store_true", help="rerun even if a record exists (table: also "
                         "replace a rendered table by an empty one)")
@@ -193,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--compute-units", action="append", default=None, choices=("CPU_AND_NE", "ALL", "CPU_AND_GPU", "CPU_ONLY"),
                     help="--device coreml: Core ML compute-unit setting, repeatable (default: CPU_AND_NE, ALL, "
                          "CPU_AND_GPU, the rows of EVAR Table 5); each gets its own record with #CPU/#GPU/#NPU ops")
-    sp.add_argument("--precision", choices=("fp16", "fp32"), default="fp16", help="--device coreml: package precision")
+    sp.add_argument("--precision", choices=("fp16", "fp32"), default=None,
+                    help="--device coreml: package precision (default fp16)")
     sp.add_argument("--random-weights", action="store_true", help="seeded random weights instead of the "
                     "checkpoint (timing needs no trained weights; data-free methods only make sense)")
     sp.add_argument("--world", choices=WORLDS, default=None, help="default: the model's world")

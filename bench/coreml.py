@@ -2,8 +2,13 @@
 
 The package is one ML program with a function per scale, ``scale_0`` … ``scale_{K-1}``, and a
 ``decode`` function, all over the same states (``ct.StateType``): the key and value cache of every
-block ``k_cache_{i}``/``v_cache_{i}`` [2B, H_i, L', c] (L' = the token count L rounded up to a
-multiple of 32) and the latent ``f_hat`` [B, Cvae, P, P] (``init_states``).
+block ``k_cache_{i}``/``v_cache_{i}`` [2B, H_i, L', c] (L' = the token count L rounded up to the next
+multiple of 32 above it) and the latent ``f_hat`` [B, Cvae, P, P] (``init_states``). Every function
+declares every state, so one state made from any function serves the whole generation; Core ML refuses
+to convert a declared state that a function does not use, so ``scale_0`` clears ``f_hat`` (a new
+generation) and ``decode`` clears the caches' padding [L, L') (never read: attention reads [0, end_si)).
+Whether one ``MLState`` may be passed to the functions of one package loaded as separate ``MLModel``
+objects is the Core ML runtime's to say (macOS 15); it has not been run here.
 The host keeps the loop that Core ML cannot express well (seeded top-k/top-p sampling, CFG mixing):
 
     logits = scale_0(label)                        # class embedding, start tokens, blocks, head
@@ -60,10 +65,11 @@ def interp_matrix(src: int, dst: int, mode: str) -> torch.Tensor:
 
 def init_states(gen, batch: int) -> Dict[str, torch.Tensor]:
     """The package's states, zeroed: every block's K/V cache [2B, H_i, L', c] and f_hat [B, Cvae, P, P].
-    The cache length L' is the token count padded to a multiple of 32 (stateful models with other
-    state sizes have been reported to fail on the Neural Engine); attention reads only [0, end_si)."""
+    The cache length L' is the next multiple of 32 above the token count (stateful models with other
+    state sizes have been reported to fail on the Neural Engine; at least one padding position, which
+    ``decode`` writes so that it uses the caches); attention reads only [0, end_si)."""
     var, P = gen.var, gen.patch_nums[-1]
-    L_pad = -(-var.L // 32) * 32
+    L_pad = (var.L // 32 + 1) * 32
     out = {}
     for i, b in enumerate(var.blocks):
         out[f"k_cache_{i}"] = torch.zeros(2 * batch, b.attn.H, L_pad, b.attn.c)
@@ -84,10 +90,9 @@ class _Export(nn.Module):
         for name, t in (states if states is not None else init_states(gen, batch)).items():
             self.register_buffer(name, t)
 
-    uses = ("k_cache_", "v_cache_", "f_hat")   # the states this function reads or writes
-
     def state_shapes(self) -> Dict[str, tuple]:
-        return {n: tuple(b.shape) for n, b in self.named_buffers() if n.startswith(self.uses)}
+        """Every state, in every function (the module docstring says why)."""
+        return {n: tuple(b.shape) for n, b in self.named_buffers() if n.startswith(("k_cache_", "v_cache_", "f_hat"))}
 
     def add_scale(self, si: int, idx_Bl: torch.Tensor, first: bool) -> None:
         """f_hat (+)= φ_si(up(embed(idx))) (official ``get_next_autoregressive_input``); ``first``
@@ -127,8 +132,6 @@ class ScaleStep(_Export):
     def __init__(self, gen, si: int, batch: int = 1, states: Optional[Dict[str, torch.Tensor]] = None):
         super().__init__(gen, batch, states)
         self.si = si
-        if si == 0:
-            self.uses = ("k_cache_", "v_cache_")
         pns = gen.patch_nums
         if si > 0:   # constants, not weights (persistent=False): scale si−1 is never the last one (decode adds it)
             self.register_buffer(f"up_{si - 1}", interp_matrix(pns[si - 1], self.P, "bicubic"), persistent=False)
@@ -141,6 +144,7 @@ class ScaleStep(_Export):
         begin, end = var.begin_ends[si]
         if si == 0:
             x_BLC = var.first_tokens(cond_2BD)
+            self.f_hat[:] = torch.zeros_like(self.f_hat)   # a new generation (scale 1 overwrites it anyway)
         else:
             self.add_scale(si - 1, idx_Bl.long(), first=si == 1)
             nxt_BCl = self.f_hat.reshape(B, var.Cvae, self.P * self.P) @ self.down.T
@@ -160,9 +164,11 @@ class ScaleStep(_Export):
 
 class Decode(_Export):
     """Function ``decode``: tokens of the last scale [B, P²] → image [B, 3, H, W] in [-1, 1]."""
-    uses = ("f_hat",)
 
     def forward(self, idx_Bl: torch.Tensor) -> torch.Tensor:
+        for i in range(len(self.var.blocks)):   # the caches' padding, never read: the function uses every state
+            for cache in (getattr(self, f"k_cache_{i}"), getattr(self, f"v_cache_{i}")):
+                cache[:, :, self.L:] = torch.zeros_like(cache[:, :, self.L:])
         self.add_scale(self.K - 1, idx_Bl.long(), first=False)
         return self.vae.fhat_to_img(self.f_hat)
 
@@ -249,15 +255,25 @@ def export(gen, out: str | os.PathLike, batch: int = 1, precision: str = "fp16",
             ml.save(str(path))
             desc.add_function(str(path), src_function_name="main", target_function_name=name)
         desc.default_function_name = "scale_0"
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        out.parent.mkdir(parents=True, exist_ok=True)
         staged = tmp / "merged.mlpackage"
         with contextlib.redirect_stderr(io.StringIO()) if not progress else contextlib.nullcontext():
             ct.utils.save_multifunction(desc, str(staged))
         if metadata:
             (staged / "varbench.json").write_text(json.dumps(metadata, indent=1, sort_keys=True))
-        shutil.move(str(staged), str(out))   # the package appears complete or not at all
+        out.parent.mkdir(parents=True, exist_ok=True)
+        old = None
+        if out.exists():   # set aside, removed only once the new package is in place
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+        try:
+            shutil.move(str(staged), str(out))   # the package appears complete or not at all
+        except BaseException:
+            if old is not None:
+                shutil.rmtree(out, ignore_errors=True)
+                os.replace(old, out)
+            raise
+        if old is not None:
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

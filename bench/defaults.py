@@ -15,9 +15,12 @@ SAMPLING = {"cfg": 1.5, "top_k": 900, "top_p": 0.96, "more_smooth": False}
 # tiny model needs a stronger guidance to reach its class accuracy.
 TINY_SAMPLING = {"cfg": 2.0, "top_k": 50, "top_p": 0.9, "more_smooth": False}
 
-# Infinity (text-to-image): FoundationVision/Infinity scripts/infer.sh (cfg 4, tau 0.5) and gen_one_img
-# (top-k 900 — a no-op for two classes per bit — and top-p 0.97). Guidance is constant across scales.
-INFINITY_SAMPLING = {"cfg": 4.0, "tau": 0.5, "top_k": 900, "top_p": 0.97}
+# Infinity (text-to-image): the evaluation protocol of FoundationVision/Infinity scripts/eval.sh and
+# evaluation/README.md (cfg 4, tau 1: GenEval, ImageReward, HPSv2.1, FID), which FastVAR's geneval.sh and
+# mjhq30k_fid_clip.py use too; scripts/infer.sh's single-image demo samples at tau 0.5 (give --tau 0.5 for
+# it). gen_one_img's top-k 900 (a no-op for two classes per bit) and top-p 0.97. Guidance is constant
+# across scales.
+INFINITY_SAMPLING = {"cfg": 4.0, "tau": 1.0, "top_k": 900, "top_p": 0.97}
 
 # HART (mit-han-lab/hart sample.py): cfg 4.5 (VAR-style ramp), more_smooth on, top-p off; top-k is fixed by
 # the model (600 below scale 7, 300 from it). HART's issue #14 advises more_smooth=False for FID.
@@ -32,7 +35,8 @@ SAMPLING_PARAMS = {
                                "from 0 at the first; Infinity: the same at every scale)"),
     "top_k": (int, 0, 1_000_000, "keep the k most likely tokens (0: all)"),
     "top_p": (float, 0.0, 1.0, "keep the smallest set of tokens with this probability mass (0: all)"),
-    "more_smooth": (bool, None, None, "Gumbel-softmax smoothing (visualisation only, never for FID)"),
+    "more_smooth": (bool, None, None, "Gumbel-softmax smoothing (VAR: visualisation only, never for FID; HART's "
+                                      "sample.py and FastVAR's HART scripts sample with it on)"),
     "tau": (float, 1e-3, 100.0, "sampling temperature: logits divided by tau (text-to-image models)"),
 }
 

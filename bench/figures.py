@@ -11,9 +11,11 @@ Spec format (``figures/<name>.yaml``); ``title`` and ``kind`` always, the rest p
     y: fid                         # a metric of the quality records
     latency: {device: cpu, batch: 1}   # which latency records (pareto with x: latency_ms; scale_latency)
 
-``pareto``: one point per method chain with a record of ``bench`` (model fixed), y error bars from
-the metric's stderr when recorded, x error bars from the latency IQR; the Pareto front (no point
-both cheaper and better) joined by a line; points labelled by chain. ``scale_latency``: one stacked
+``pareto``: one point per method chain with a record of ``bench`` (model fixed) at one n (the n most
+chains have; chains recorded only at another n are named under the figure), its seeds averaged as the
+leaderboard does; y error bars from the metric's stderr (one seed) or over seeds, x error bars from
+the latency IQR; the Pareto front (no point both cheaper and better) joined by a line; points
+labelled by chain. ``scale_latency``: one stacked
 bar per chain (per-scale medians, the last scale's sampling step, then the VQVAE decode: together one
 generation; records from before the last step was recorded stack scales and decode only), so where a
 method saves time is visible.
@@ -264,12 +266,23 @@ def _left_out(n: int) -> str:
 
 def pareto_points(spec, records, world, lat: Optional[Dict[str, dict]] = None) -> List[dict]:
     """Points of a pareto figure; with ``x: latency_ms`` the chains' latency records (``lat``, default
-    those of ``_latency_records``)."""
+    those of ``_latency_records``). See ``_pareto``."""
+    return _pareto(spec, records, world, lat)[0]
+
+
+def _pareto(spec, records, world, lat: Optional[Dict[str, dict]] = None) -> Tuple[List[dict], Optional[int], Dict[str, list]]:
+    """(points, their n, {chain: [its n]} of the chains recorded only at other n). One n per figure (the
+    n most chains have, the larger on a tie): FIDs of different sample counts are different quantities.
+    A chain's point is its records at that n and one setting (sampling, protocol; the one with the most
+    seeds, then the newest), aggregated over seeds as the leaderboard does: one seed, its value and
+    stderr; k ≥ 2 seeds, their mean ± sample sd / √k (none when they agree); per seed the newest record."""
+    import json
+    import math
     model, bench = spec["model"][world], spec["bench"][world]
     y = spec.get("y", "fid")
     if lat is None and spec["x"] == "latency_ms":
         lat = _latency_records(records, world, model, spec.get("latency"))[0]
-    best: Dict[str, dict] = {}
+    groups: Dict[tuple, Dict[object, dict]] = {}   # (chain, n, setting) -> seed -> newest point
     for rec in records.values():
         s = rec["spec"]
         if (s["world"], s["model"], s["bench"]) != (world, model, bench) or y not in rec["metrics"]:
@@ -288,12 +301,40 @@ def pareto_points(spec, records, world, lat: Optional[Dict[str, dict]] = None) -
         m = rec["metrics"][y]
         p = {"chain": chain, "x": float(x), "xerr": xerr, "y": float(m["value"]),
              "yerr": m.get("stderr"), "n": s["n"], "created": rec["created"], "run_id": rec["run_id"]}
-        if _newer(p, best.get(chain)):
-            best[chain] = p
+        setting = json.dumps([s.get("sampling") or {}, s.get("protocol") or {}], sort_keys=True)
+        seeds = groups.setdefault((chain, s["n"], setting), {})
+        if _newer(p, seeds.get(s.get("seed"))):
+            seeds[s.get("seed")] = p
+    if not groups:
+        return [], None, {}
+    chains_at: Dict[int, set] = {}
+    for chain, n, _ in groups:
+        chains_at.setdefault(n, set()).add(chain)
+    n = max(chains_at, key=lambda k: (len(chains_at[k]), k))
+    best: Dict[str, dict] = {}
+    for (chain, n_, _), seeds in groups.items():
+        if n_ != n:
+            continue
+        newest = max(seeds.values(), key=lambda p: (p["created"], p["run_id"]))
+        have = best.get(chain)
+        if have is not None and (have["seeds"], have["created"], have["run_id"]) >= (
+                len(seeds), newest["created"], newest["run_id"]):
+            continue
+        ys = [p["y"] for p in seeds.values()]
+        k = len(ys)
+        if k == 1:
+            y_, err = ys[0], newest["yerr"]
+        else:
+            y_ = sum(ys) / k
+            sd = math.sqrt(sum((v - y_) ** 2 for v in ys) / (k - 1))
+            err = sd / math.sqrt(k) if sd > 0 else None
+        best[chain] = {**newest, "y": y_, "yerr": err, "seeds": k}
     labels = short_labels(list(best))   # told apart where two chains would read alike
     for chain, p in best.items():
         p["label"] = labels[chain]
-    return sorted(best.values(), key=lambda p: p["x"])
+    others = {c: sorted(k for k, cs in chains_at.items() if c in cs) for c in set().union(*chains_at.values())
+              if c not in chains_at[n]}
+    return sorted(best.values(), key=lambda p: p["x"]), n, others
 
 
 def pareto_front(points: List[dict], lower_is_better: bool = True) -> List[dict]:
@@ -319,7 +360,7 @@ def _draw_pareto(spec, records, world, root, plt):
     name = spec["name"]
     lat, left_out = (_latency_records(records, world, spec["model"][world], spec.get("latency"))
                      if spec["x"] == "latency_ms" else ({}, 0))
-    pts = pareto_points(spec, records, world, lat)
+    pts, n, other_n = _pareto(spec, records, world, lat)
     if not pts:
         raise EmptyFigureError(f"figure {name}: no {spec['bench'][world]} records of {spec['model'][world]} with "
                                f"{spec.get('y', 'fid')}" + (" and a matching latency record" if spec["x"] == "latency_ms" else "")
@@ -354,7 +395,14 @@ def _draw_pareto(spec, records, world, root, plt):
     ax.legend(frameon=False, fontsize=6.5, ncol=2, loc="upper right")
     ax.set_xlabel(X_AXES[spec["x"]])
     ax.set_ylabel(f"{info.header} ({'lower' if lower else 'higher'} is better; bars: ±stderr)")
-    return fig, f"{spec['model'][world]} · {spec['bench'][world]} · n={pts[0]['n']} · {world} world" + _left_out(left_out)
+    several = max(p["seeds"] for p in pts)
+    note = (f"{spec['model'][world]} · {spec['bench'][world]} · n={n} · {world} world"
+            + (f" · points with several seeds: their mean (up to {several} seeds)" if several > 1 else ""))
+    if other_n:
+        note += (f"\n{len(other_n)} chain{'s' if len(other_n) > 1 else ''} recorded only at another n left out ("
+                 + "; ".join(f"{short_labels(list(other_n))[c]}: n={'/'.join(map(str, ns))}"
+                             for c, ns in sorted(other_n.items())) + ")")
+    return fig, note + _left_out(left_out)
 
 
 def _scales_hw(model: str, K: int) -> Optional[Tuple[Tuple[int, int], ...]]:

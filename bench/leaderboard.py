@@ -31,7 +31,8 @@ Columns
 ``#`` (rank), Model, Methods (the chain as requested, e.g. ``magnitude:sparsity=0.4 + ft``; the
 resolved chain with every default is the row's identity, in the JSON and as the HTML cell's
 tooltip), Setting (only when some row has one), n, Seeds, then the bench's quality metrics in the
-order the bench declares them (``Bench.metrics``), then the costs ``COSTS`` (params, FLOPs) read from
+order the bench declares them (``Bench.metrics``), then the fidelity metrics ``FIDELITY`` that
+``--fidelity`` runs add (FID*, PSNR, SSIM, LPIPS), then the costs ``COSTS`` (params, FLOPs) read from
 each record's ``cost`` block, then Latency (ms): the ``latency`` bench's median for the same model
 and resolved chain, at the setting most latency records share (named in the caption). A run's own
 sampling time is not shown: it is measured under whatever else the machine was doing, while the
@@ -82,6 +83,7 @@ from bench.resources import resource_dir, tables_out_dir
 
 FORMATS = ("md", "tex", "html", "json")
 COSTS = ("params", "flops")                             # read from a record's ``cost`` block
+FIDELITY = ("fid_star", "psnr", "ssim", "lpips")        # a ``--fidelity`` run's metrics (any bench)
 LATENCY, TIMING_BENCH = "latency_ms", "latency"         # the latency column of the quality tables: joined
                                                         # from the latency bench's records (module docstring)
 STDERR = ".stderr"                                       # frame column suffix of a metric's error bar
@@ -256,7 +258,7 @@ def _columns(bench_metrics: Sequence[str], present: Sequence[str], with_setting:
     if with_setting:
         cols.append(text("setting", "Setting"))
     cols += [text("n", "n", "num"), text("seeds", "Seeds")]
-    for m in [*bench_metrics, *[c for c in (*COSTS, *extra) if c not in bench_metrics]]:
+    for m in [*bench_metrics, *[c for c in (*FIDELITY, *COSTS, *extra) if c not in bench_metrics]]:
         if m in present:
             info = METRICS.get(m)
             cols.append({"id": m, "header": info.header, "arrow": ARROWS[info.better], "type": "num",
@@ -287,7 +289,7 @@ def _latency_join(rows: List[Dict[str, Any]], timing: pd.DataFrame) -> Optional[
 def _bench_table(bench: str, current: pd.DataFrame, n_stale: int, sort: Optional[str],
                  timing: Optional[pd.DataFrame] = None) -> Dict[str, Any]:
     declared = tuple(BENCHES.get(bench).metrics)
-    measures = [*declared, *[c for c in COSTS if c not in declared]]
+    measures = [*declared, *[c for c in (*FIDELITY, *COSTS) if c not in declared]]
     rows = _aggregate(current, measures)
     latency_setting = None
     if bench != TIMING_BENCH and timing is not None:

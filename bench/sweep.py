@@ -137,7 +137,8 @@ def parse(data: Any, where: str = "sweep", world: Optional[str] = None) -> Sweep
 
 
 def load(path: str | Path, world: Optional[str] = None) -> Sweep:
-    """A sweep file by path, or by the name of a shipped one (``tiny-example`` = ``sweeps/tiny-example.yaml``)."""
+    """A sweep file by path, or a shipped one by its name (``tiny-example``) or by its path in a checkout
+    (``sweeps/tiny-example.yaml``, as the docs write it) where no such file is in the current folder."""
     if not str(path).strip():
         raise SweepError("the sweep file's path is empty; give a YAML file or a shipped sweep's name")
     path = Path(path)
@@ -147,7 +148,8 @@ def load(path: str | Path, world: Optional[str] = None) -> Sweep:
         from bench.resources import resource_dir
         shipped = resource_dir("sweeps", required=False)
         names = sorted(p.stem for p in shipped.glob("*.yaml")) if shipped else []
-        if path.stem in names and path.suffix in ("", ".yaml") and len(path.parts) == 1:
+        if path.stem in names and path.suffix in ("", ".yaml") and (
+                len(path.parts) == 1 or (len(path.parts) == 2 and path.parts[0] == "sweeps")):
             path = shipped / f"{path.stem}.yaml"
         else:
             raise SweepError(f"sweep file {path} not found; shipped sweeps (by name): {', '.join(names) or 'none'}")

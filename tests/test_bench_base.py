@@ -105,8 +105,10 @@ def test_shapes_c2i_names_its_feature_network_and_refuses_a_missing_one(tmp_path
     for call in (b.preflight, b.identity):
         with pytest.raises(FileNotFoundError) as e:
             call()
-        assert str(e.value) == (f"feature network {tmp_path / 'feature_cnn.safetensors'} not found: restore assets/tiny "
-                                f"(git checkout -- assets/tiny) or rebuild it with `make tiny-models`")
+        assert str(e.value) == (f"feature network {tmp_path / 'feature_cnn.safetensors'} not found. Put it in "
+                                f"{tmp_path}, point VARBENCH_TINY_DIR at the folder that has it, or unset "
+                                f"VARBENCH_TINY_DIR to use the one shipped with varbench. `varbench train-tiny` "
+                                f"retrains it.")
     assert ShapesC2I(feature_weights=str(w)).feature_weights == str(w)
 
 

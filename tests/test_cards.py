@@ -116,6 +116,11 @@ def test_image_sizes_and_default_sampling():
     assert MODELS.get("infinity-2b").sampling == defaults.INFINITY_SAMPLING
     assert MODELS.get("tiny-t2i").sampling == defaults.TINY_T2I_SAMPLING
     assert MODELS.get("hart-0.7b").sampling == defaults.HART_SAMPLING
+    # the official evaluation settings (VAR README's FID protocol; Infinity scripts/eval.sh and FastVAR's
+    # geneval.sh / mjhq30k_fid_clip.py: tau 1, not the tau 0.5 of the single-image demo infer.sh; HART sample.py)
+    assert defaults.SAMPLING == {"cfg": 1.5, "top_k": 900, "top_p": 0.96, "more_smooth": False}
+    assert defaults.INFINITY_SAMPLING == {"cfg": 4.0, "tau": 1.0, "top_k": 900, "top_p": 0.97}
+    assert defaults.HART_SAMPLING == {"cfg": 4.5, "top_p": 0.0, "more_smooth": True}
     assert (card.world, MODELS.get("tiny-var").world, MODELS.get("tiny-t2i").world) == ("paper", "tiny", "tiny")
 
 
@@ -141,7 +146,7 @@ def _missing(card, folder):
     return str(e.value).splitlines()
 
 
-def test_a_missing_file_says_where_to_get_it(tmp_path):
+def test_a_missing_file_says_where_to_get_it(tmp_path, monkeypatch):
     assert _missing(MODELS.get("var-d20"), tmp_path) == [
         f"2 checkpoint file(s) not found in {tmp_path}:",
         f"  vae_ch160v4096z32.pth: get it from {VAR_URL}vae_ch160v4096z32.pth",
@@ -151,10 +156,20 @@ def test_a_missing_file_says_where_to_get_it(tmp_path):
     assert _missing(MODELS.get("infinity-2b"), tmp_path)[1:3] == [
         f"  infinity_vae_d32_reg.pth: get it from {INF_URL}infinity_vae_d32reg.pth (saved as infinity_vae_d32_reg.pth)",
         f"  infinity_2b_reg.pth: get it from {INF_URL}infinity_2b_reg.pth"]
-    make = "`make tiny-models` (retrains the tiny world from scratch; recipe in bench/recipes/tiny.py)"
-    assert _missing(MODELS.get("tiny-var"), tmp_path)[1:3] == [f"  tiny_vqvae.safetensors: get it from {make}",
-                                                                f"  tiny_var.safetensors: get it from {make}"]
-    make = "`make tiny-t2i` (retrains tiny-t2i from scratch; recipe in bench/recipes/tiny_t2i.py)"
+    make = ("`varbench train-tiny` (`make tiny-models` in a checkout; retrains the tiny world from scratch; recipe "
+            "in bench/recipes/tiny.py)")
+    assert _missing(MODELS.get("tiny-var"), tmp_path)[1:] == [
+        f"  tiny_vqvae.safetensors: get it from {make}", f"  tiny_var.safetensors: get it from {make}",
+        # the tiny world's folder: --ckpt-dir or VARBENCH_TINY_DIR (VARBENCH_CKPT_DIR is the paper world's)
+        f"  Put them in {tmp_path}, point --ckpt-dir or VARBENCH_TINY_DIR at the folder that has them, or reinstall "
+        f"varbench (the package ships them in assets/tiny). varbench never downloads at run time."]
+    monkeypatch.setenv("VARBENCH_TINY_DIR", str(tmp_path))   # a folder of one's own: unsetting it is the way back
+    assert _missing(MODELS.get("tiny-var"), None)[-1] == (
+        f"  Put them in {tmp_path}, point --ckpt-dir or VARBENCH_TINY_DIR at the folder that has them, or unset "
+        f"VARBENCH_TINY_DIR to use the ones shipped with varbench. varbench never downloads at run time.")
+    monkeypatch.delenv("VARBENCH_TINY_DIR")
+    make = ("`python -m bench.recipes.tiny_t2i` (`make tiny-t2i` in a checkout; retrains tiny-t2i from scratch; "
+            "recipe in bench/recipes/tiny_t2i.py)")
     assert _missing(MODELS.get("tiny-t2i"), tmp_path)[1:4] == [f"  tiny_bsq.safetensors: get it from {make}",
                                                                 f"  tiny_t2i.safetensors: get it from {make}",
                                                                 f"  tiny_t2i_text.safetensors: get it from {make}"]

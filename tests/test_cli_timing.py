@@ -83,6 +83,10 @@ def test_latency_on_core_ml_times_each_compute_unit(capsys, fake_latency, monkey
     assert r.err.endswith("--compile applies to PyTorch devices, not --device coreml\n")
     r = _out(capsys, ["latency", "--model", "tiny-var", "--compute-units", "ALL"], rc=2)
     assert r.err.endswith("--compute-units applies to --device coreml only\n")
+    for device in ([], ["--device", "cpu"]):   # a PyTorch device times the model as loaded: refused, not ignored
+        r = _out(capsys, ["latency", "--model", "tiny-var", "--precision", "fp32", *device], rc=2)
+        assert r.err.endswith("--precision applies to --device coreml only (the Core ML package's precision)\n")
+    assert all(s["setting"]["precision"] == "fp16" for s in fake_latency["specs"])   # Core ML's default (CPU_ONLY above)
 
 
 def test_only_rank_zero_reports(capsys, fake_latency, monkeypatch):

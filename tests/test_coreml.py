@@ -3,6 +3,7 @@ PyTorch: eager and traced export modules against the generator, since the Core M
 exists on macOS), the constant interpolation matrices equal F.interpolate, and a saved package has
 the same op graph after pruning with smaller weights."""
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -105,13 +106,38 @@ def test_export_and_op_counts_dense_and_pruned(small_gen, dense_package, tmp_pat
     for si in range(K):   # one fused attention op and one cache write per block and scale
         assert a[f"scale_{si}"]["scaled_dot_product_attention"] == len(small_gen.var.blocks)
         assert "softmax" not in a[f"scale_{si}"]
-        assert a[f"scale_{si}"]["write_state"] == 2 * len(small_gen.var.blocks) + (si > 0)
+        assert a[f"scale_{si}"]["write_state"] == 2 * len(small_gen.var.blocks) + 1   # caches, f_hat (scale 0: cleared)
+    assert a["decode"]["write_state"] == 2 * len(small_gen.var.blocks) + 1            # the caches' padding, f_hat
     assert weights_bytes(pruned) < weights_bytes(dense)
     assert json.loads((dense / "varbench.json").read_text()) == {"model": "small"}
     spec = ct.utils.load_spec(str(dense))
     names = [i.name for i in spec.mlProgram.functions["scale_1"].inputs]   # inputs, then the states
     assert names[:2] == ["label", "idx_prev"]
-    assert set(names[2:]) == {"k_cache_0", "v_cache_0", "k_cache_1", "v_cache_1", "f_hat"}
+    states = {"k_cache_0", "v_cache_0", "k_cache_1", "v_cache_1", "f_hat"}
+    assert set(names[2:]) == states
+    for fn, n_inputs in [("scale_0", 1), ("decode", 1)] + [(f"scale_{si}", 2) for si in range(1, K)]:
+        assert {i.name for i in spec.mlProgram.functions[fn].inputs[n_inputs:]} == states, fn   # the same states
+
+
+def test_a_failed_export_keeps_the_package_it_would_replace(small_gen, dense_package, tmp_path, monkeypatch):
+    """The new package replaces an existing one only once it is complete: a failure while moving it in
+    leaves the old package as it was, and a success leaves no set-aside copy."""
+    import bench.coreml as cm
+    out = tmp_path / "p.mlpackage"
+    shutil.copytree(dense_package, out)
+
+    def broken(src, dst):
+        Path(dst).mkdir()          # a half-written destination
+        raise OSError("disk full")
+    monkeypatch.setattr(cm.shutil, "move", broken)
+    with pytest.raises(OSError, match="disk full"):
+        cm.export(small_gen, out, progress=False, metadata={"model": "new"})
+    assert json.loads((out / "varbench.json").read_text()) == {"model": "small"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.mlpackage"]
+    monkeypatch.undo()
+    cm.export(small_gen, out, progress=False, metadata={"model": "new"})
+    assert json.loads((out / "varbench.json").read_text()) == {"model": "new"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.mlpackage"]
 
 
 def test_cli_ops_and_bad_input(dense_package, tmp_path, capsys):
@@ -137,6 +163,27 @@ def test_cli_ops_and_bad_input(dense_package, tmp_path, capsys):
     assert "must end in .mlpackage" in capsys.readouterr().err
     assert main(["coreml", "export", "tiny-vr", "--out", str(tmp_path / "x.mlpackage")]) == 2
     assert "did you mean" in capsys.readouterr().err
+    # refused before any model work (runner.prepared_generator would load and prune first)
+    import bench.runner
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(bench.runner, "prepared_generator", lambda *a, **k: pytest.fail("the chain ran"))
+    try:
+        (tmp_path / "afile").write_text("x")
+        (tmp_path / "f.mlpackage").write_text("x")
+        for argv, err in [
+                (["--method", "evar:sparsity=0.4 + fastvar", "--random-weights", "--out", str(tmp_path / "y.mlpackage")],
+                 "varbench: error: Core ML export of a token method (fastvar) is not supported: the package's per-scale "
+                 "functions compute every token; export the chain without it\n"),
+                (["--out", str(tmp_path / "afile" / "y.mlpackage")],
+                 f"varbench: error: --out {tmp_path / 'afile' / 'y.mlpackage'}: its folder {tmp_path / 'afile'}: "
+                 f"{tmp_path / 'afile'} is a file, not a folder\n"),
+                (["--out", str(tmp_path / "f.mlpackage")],
+                 f"varbench: error: --out {tmp_path / 'f.mlpackage'} is a file, not a Core ML package (a folder); give "
+                 f"another path\n")]:
+            assert main(["coreml", "export", "tiny-var", *argv]) == 2
+            assert capsys.readouterr().err == err
+    finally:
+        monkey.undo()
 
 
 @pytest.mark.slow
@@ -165,17 +212,19 @@ class _FakeFunction:
         self.mods, self.name, self.calls = mods, name, calls
 
     def make_state(self):
-        shapes = {}
-        for m in self.mods.values():
-            shapes.update(m.state_shapes())
+        """The calling function's states only (as ``MLModel.make_state`` of one function): a host loop
+        that needed another function's state would fail here."""
         self.calls.append(("make_state", self.name))
-        return _FakeState(shapes)
+        return _FakeState(self.mods[self.name].state_shapes())
 
     @torch.no_grad()
     def predict(self, feed, state):
         import numpy as np
         m = self.mods[self.name]
         self.calls.append(("predict", self.name))
+        missing = set(m.state_shapes()) - set(state.buffers)
+        if missing:
+            raise RuntimeError(f"{self.name}: the state lacks {sorted(missing)}")
         for n in m.state_shapes():
             getattr(m, n).copy_(state.buffers[n])
         args = [torch.from_numpy(np.asarray(feed[k])) for k in (("label", "idx_prev") if self.name != "decode" else ("idx_last",))
@@ -332,8 +381,8 @@ def test_a_fresh_process_prints_only_the_error_off_macos(tmp_path):
         f"varbench: error: {tmp_path / 'nope.mlpackage'}: no such Core ML package"], out.stderr
 
 
-@pytest.mark.parametrize("L, padded", [(1, 32), (31, 32), (32, 32), (33, 64), (680, 704), (2240, 2240)])
-def test_state_caches_are_padded_to_the_next_multiple_of_32(L, padded):
+@pytest.mark.parametrize("L, padded", [(1, 32), (31, 32), (32, 64), (33, 64), (680, 704), (2240, 2272)])
+def test_state_caches_are_padded_to_the_next_multiple_of_32_above_the_tokens(L, padded):
     from types import SimpleNamespace as NS
 
     from bench.coreml import init_states
@@ -346,18 +395,29 @@ def test_state_caches_are_padded_to_the_next_multiple_of_32(L, padded):
     assert all(not v.any() for v in states.values())
 
 
-def test_each_function_declares_the_states_it_uses_and_keeps_its_constants_out_of_the_weights(small_gen):
+def test_every_function_declares_and_uses_every_state_and_keeps_its_constants_out_of_the_weights(small_gen):
+    """One state made from any function serves the whole generation, and Core ML refuses a declared state
+    a function does not use: scale 0 clears f_hat, decode clears the caches' padding (never read)."""
     mods = steps(small_gen, batch=1)
-    caches = {f"{kv}_cache_{i}" for kv in "kv" for i in range(len(small_gen.var.blocks))}
-    assert set(mods["scale_0"].state_shapes()) == caches   # scale 0 reads no f_hat
-    assert not any(n.startswith(("up_", "down")) for n, _ in mods["scale_0"].named_buffers())   # nor resizes
+    states = {f"{kv}_cache_{i}" for kv in "kv" for i in range(len(small_gen.var.blocks))} | {"f_hat"}
+    for name, m in mods.items():
+        assert set(m.state_shapes()) == states, name
+    assert mods["decode"].state_shapes()["f_hat"] == (1, small_gen.var.Cvae, 8, 8)
+    assert not any(n.startswith(("up_", "down")) for n, _ in mods["scale_0"].named_buffers())   # scale 0 resizes nothing
     for si in range(1, len(small_gen.patch_nums)):
         m = mods[f"scale_{si}"]
-        assert set(m.state_shapes()) == caches | {"f_hat"}
         assert {n for n, _ in m.named_buffers() if n.startswith(("up_", "down"))} == {f"up_{si - 1}", "down"}
         assert not any(k.startswith(("up_", "down")) for k in m.state_dict())
-    assert set(mods["decode"].state_shapes()) == {"f_hat"}
-    assert mods["decode"].state_shapes()["f_hat"] == (1, small_gen.var.Cvae, 8, 8)
+    L = small_gen.var.L
+    with torch.no_grad():
+        for t in (mods["decode"].k_cache_0, mods["decode"].f_hat):   # the modules share the state tensors
+            t.fill_(7.0)
+        mods["scale_0"](torch.zeros(1, dtype=torch.int32))
+        assert not mods["scale_0"].f_hat.any()
+        k = mods["decode"].k_cache_0
+        k.fill_(7.0)
+        mods["decode"](torch.zeros(1, 64, dtype=torch.int32))
+        assert k.shape[2] > L and not k[:, :, L:].any() and (k[:, :, :L] == 7.0).all()
 
 
 def test_the_macos_and_compute_unit_messages_in_full(monkeypatch):

@@ -371,6 +371,60 @@ def test_pareto_takes_the_newest_record_of_a_chain(order):
     assert _pts(PARETO, same[::order]) == [("tome", 1.1e9, None, 4.0)]
 
 
+def _seeded(run_id, methods, fid, flops, seed, n=12, sampling=None, created="2026-01-01T00:00:00+00:00", stderr=None):
+    rid, rec = _q(run_id, methods, fid, flops, created=created, n=n, stderr=stderr)
+    rec["spec"].update(seed=seed, sampling=sampling or {})
+    return rid, rec
+
+
+def test_pareto_takes_one_n_and_averages_a_chains_seeds():
+    """The n most chains have (a chain only at another n is left out and named); per chain the mean over
+    its seeds ± sd/√k (the leaderboard's rule), the newest record per seed."""
+    from bench.figures import _pareto
+    recs = [_seeded("a0", [], 2.0, 2e9, 0, stderr=0.3),
+            _seeded("m0", ["magnitude:sparsity=0.4"], 20.0, 1e9, 0, stderr=0.5),
+            _seeded("m1", ["magnitude:sparsity=0.4"], 23.0, 1e9, 1, stderr=0.5),
+            _seeded("m1old", ["magnitude:sparsity=0.4"], 99.0, 1e9, 1, created="2025-01-01T00:00:00+00:00"),
+            _seeded("t600", ["tome"], 1.5, 1.5e9, 0, n=600)]
+    pts, n, others = _pareto(PARETO, _records(*recs), "tiny")
+    assert n == 12 and others == {"tome": [600]}
+    got = {p["chain"]: (p["y"], p["yerr"], p["seeds"], p["n"]) for p in pts}
+    assert got == {"dense": (2.0, 0.3, 1, 12), "magnitude:sparsity=0.4": (21.5, pytest.approx(1.5), 2, 12)}
+    assert {p["chain"]: p["run_id"] for p in pts}["magnitude:sparsity=0.4"] in ("m0", "m1")
+    # a tie in chains: the larger n; two seeds that agree: no error bar
+    recs += [_seeded("a600", [], 1.0, 2e9, 0, n=600), _seeded("m600", ["magnitude:sparsity=0.4"], 7.0, 1e9, 0, n=600),
+             _seeded("m600b", ["magnitude:sparsity=0.4"], 7.0, 1e9, 1, n=600)]
+    recs = [r for r in recs if r[0] != "a0"] + [_seeded("t12", ["tome"], 3.0, 1.5e9, 0)]
+    pts, n, others = _pareto(PARETO, _records(*recs), "tiny")
+    assert n == 600 and others == {}
+    assert {p["chain"]: (p["y"], p["yerr"]) for p in pts} == {"dense": (1.0, None), "tome": (1.5, None),
+                                                               "magnitude:sparsity=0.4": (7.0, None)}
+
+
+def test_pareto_takes_a_chains_setting_with_the_most_seeds():
+    from bench.figures import _pareto
+    recs = [_seeded("a", ["tome"], 2.0, 1e9, 0, sampling={"cfg": 3.0}, created="2026-03-01T00:00:00+00:00"),
+            _seeded("b", ["tome"], 4.0, 1e9, 0), _seeded("c", ["tome"], 6.0, 1e9, 1)]
+    (p,), n, _ = _pareto(PARETO, _records(*recs), "tiny")
+    assert (p["y"], p["seeds"]) == (5.0, 2)
+    recs[2] = _seeded("c", ["tome"], 6.0, 1e9, 0, sampling={"cfg": 5.0})   # one seed each: the newest
+    (p,), n, _ = _pareto(PARETO, _records(*recs), "tiny")
+    assert (p["y"], p["run_id"]) == (2.0, "a")
+
+
+def test_the_pareto_note_names_its_n_seeds_and_what_it_left_out():
+    from bench.figures import _draw_pareto
+    recs = [_seeded("a", [], 2.0, 2e9, 0), _seeded("a1", [], 3.0, 2e9, 1),
+            _seeded("m", ["magnitude:sparsity=0.4"], 20.0, 1e9, 0), _seeded("e", ["evar:sparsity=0.4"], 4.0, 1e9, 0),
+            _seeded("t", ["tome"], 1.5, 1.5e9, 0, n=600), _seeded("f", ["fastvar"], 1.5, 1.5e9, 0, n=60),
+            _seeded("f2", ["fastvar"], 1.5, 1.5e9, 0, n=600)]
+    import matplotlib.pyplot as plt
+    fig, note = _draw_pareto({**PARETO, "name": "p"}, _records(*recs), "tiny", None, plt)
+    assert note == ("tiny-var · shapes-c2i · n=12 · tiny world · points with several seeds: their mean (up to 2 "
+                    "seeds)\n2 chains recorded only at another n left out (fastvar: n=60/600; tome: n=600)")
+    plt.close(fig)
+
+
 def test_pareto_points_by_latency_from_the_given_or_the_recorded_run():
     spec = {**PARETO, "x": "latency_ms", "latency": {"device": "cpu"}}
     recs = [_q("a", [], 1.5, 2e9), _q("b", ["tome"], 1.8, 1.5e9), _q("c", ["fastvar"], 2.8, 1.2e9),

@@ -376,3 +376,22 @@ def test_the_records_frame_has_one_row_per_record_with_what_runs_and_the_board_r
 def pd_isna(v):
     import pandas as pd
     return v is None or bool(pd.isna(v))
+
+
+def test_fidelity_runs_show_their_fidelity_metrics_and_sort_by_them(tmp_path):
+    """A --fidelity run adds FID*, PSNR and SSIM to the bench's metrics: they are columns (after the bench's
+    own, before the costs) and --sort takes them."""
+    root = tmp_path / "results"
+    fid = {"fidelity": True}
+    _write(root, "magnitude:sparsity=0.4", {"fid": 20.0, "fid_star": {"value": 3.0, "stderr": None},
+                                            "psnr": {"value": 18.5, "stderr": 0.5}, "ssim": 0.61}, {"params": 800000},
+           bench_args=fid)
+    _write(root, "magnitude:sparsity=0.2", {"fid": 10.0, "fid_star": 1.0, "psnr": 24.0, "ssim": 0.8},
+           {"params": 900000}, bench_args=fid)
+    _write(root, "dense", {"fid": 5.0}, {"params": 1234567})
+    md = md_tables(leaderboard(root, tmp_path / "a", "--sort", "psnr")["md"])["shapes-c2i"]
+    assert md[0][3] == "Setting" and md[0][6:11] == ["FID ↓", "FID* ↓", "PSNR ↑", "SSIM ↑", "Params"]
+    assert column(md, "Methods") == labels([MAG2, MAG4, DENSE])                   # PSNR 24.0, 18.5, none
+    assert column(md, "PSNR") == ["24.00", "18.50 ± 0.50", ""]
+    md = md_tables(leaderboard(root, tmp_path / "b", "--sort", "fid_star")["md"])["shapes-c2i"]
+    assert column(md, "FID*") == ["1.00", "3.00", ""]

@@ -169,8 +169,12 @@ def test_a_shipped_sweep_loads_by_name_and_an_unknown_name_lists_the_shipped_one
     monkeypatch.chdir(tmp_path)            # no sweeps/ folder here: the name must resolve to the shipped file
     grid = sweep.load("tiny-example")
     assert grid.models == ("tiny-var",) and grid.seeds == (0, 1)
+    assert sweep.load("sweeps/tiny-example.yaml") == grid   # the docs' checkout path, from any folder
     with pytest.raises(sweep.SweepError, match="tiny-example"):
         sweep.load("tiny-exampel")
+    for other in ("other/tiny-example.yaml", "sweeps/x/tiny-example.yaml", "sweeps/tiny-example.yml"):
+        with pytest.raises(sweep.SweepError, match="not found; shipped sweeps"):
+            sweep.load(other)
 
 
 def test_a_sweep_path_that_is_not_a_yaml_file_says_what_it_is(tmp_path):

@@ -4,7 +4,10 @@
 shipped in ``datasets/geneval/`` with its MIT licence), 4 images per prompt, each prompt's images one
 batch seeded by ``seed·1000003 + i`` for prompt i (a deviation: the official ``generation/diffusers_
 generate.py`` calls ``seed_everything(42)`` before every prompt, so every prompt starts from the same
-seed; here different prompts get different noise, and a run stays reproducible from its seed), scored by
+seed; Infinity's ``infer4eval.py`` does the same and draws the 4 images one at a time from the global RNG;
+FastVAR's HART script gives all 4 the same ``g_seed``; here different prompts get different noise, and
+a run stays reproducible from its seed; images are scored as the lossless uint8 arrays or PNGs, where
+Infinity's script saves JPEG through ``cv2.imwrite``), scored by
 the official rules (``bench.metrics.geneval``) over Mask2Former detections and CLIP colours
 (``bench.metrics.geneval_detectors``). ``shapes-geneval`` (tiny world): the same six tasks over the
 shapes-scenes vocabulary, the same rules, the exact rule-based detector.

@@ -60,8 +60,10 @@ class TinyFeatureBench(Bench):
     def preflight(self) -> None:
         from pathlib import Path
         if not Path(self.feature_weights).is_file():
-            raise FileNotFoundError(f"feature network {self.feature_weights} not found: restore assets/tiny "
-                                    f"(git checkout -- assets/tiny) or rebuild it with `make tiny-models`")
+            from bench.models.cards import tiny_put
+            raise FileNotFoundError(f"feature network {self.feature_weights} not found. "
+                                    + tiny_put(Path(self.feature_weights).parent, one=True, ckpt_flag=False)
+                                    + " `varbench train-tiny` retrains it.")
 
 
 @BENCHES.register("shapes-c2i")

@@ -45,6 +45,8 @@ def cmd_latency(args) -> int:
             raise ValueError("--compile applies to PyTorch devices, not --device coreml")
     elif args.compute_units:
         raise ValueError("--compute-units applies to --device coreml only")
+    elif args.precision is not None:   # PyTorch devices time the model in fp32, as it is loaded
+        raise ValueError("--precision applies to --device coreml only (the Core ML package's precision)")
     device = "coreml" if coreml else device_for(args, world)
     if args.cuda_graphs:
         _check_graphs(args.model, args.method or ["dense"])
@@ -67,7 +69,7 @@ def cmd_latency(args) -> int:
                    **({"cuda_graphs": True} if args.cuda_graphs else {}))
     specs, labels = [], []
     for cu in ((args.compute_units or ["CPU_AND_NE", "ALL", "CPU_AND_GPU"]) if coreml else [None]):
-        extra = dict(compute_units=cu, precision=args.precision) if coreml else {}
+        extra = dict(compute_units=cu, precision=args.precision or "fp16") if coreml else {}
         specs += latency_specs(args.model, chains, args.reps, args.seed, {**setting, **extra}, world=world,
                                ckpt_dir=args.ckpt_dir, random_weights=args.random_weights,
                                sampling=sampling_overrides(args))
@@ -96,11 +98,12 @@ def cmd_coreml(args) -> int:
                 total[t] = total.get(t, 0) + n
         names = list(counts)
         print(f"{args.package}: {len(names)} functions, weights {weights_bytes(args.package) / 2 ** 20:.2f} MiB")
-        print(f"{'op type':22s} {'total':>7s} " + " ".join(f"{n[:9]:>9s}" for n in names))
+        w = max([22, *(len(t) for t in total)])   # e.g. scaled_dot_product_attention
+        print(f"{'op type':{w}s} {'total':>7s} " + " ".join(f"{n[:9]:>9s}" for n in names))
         for t in sorted(total, key=lambda k: (-total[k], k)):
-            print(f"{t:22s} {total[t]:7d} " + " ".join(f"{counts[n].get(t, 0):9d}" for n in names))
+            print(f"{t:{w}s} {total[t]:7d} " + " ".join(f"{counts[n].get(t, 0):9d}" for n in names))
         non_const = {n: total_ops({n: ops}) for n, ops in counts.items()}
-        print(f"{'ops (without const)':22s} {total_ops(counts):7d} " + " ".join(f"{non_const[n]:9d}" for n in names))
+        print(f"{'ops (without const)':{w}s} {total_ops(counts):7d} " + " ".join(f"{non_const[n]:9d}" for n in names))
         return 0
     # export
     from bench.plan import RANDOM_CKPT, make_spec
@@ -111,8 +114,19 @@ def cmd_coreml(args) -> int:
     if not 1 <= args.batch <= BATCH_MAX:
         raise ValueError(f"--batch {args.batch}: must be in [1, {BATCH_MAX}]")
     _check_class_conditional(args.model, "the Core ML export")
+    from pathlib import Path
+
+    from bench.io import check_writable_dir
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"--out {out} is a file, not a Core ML package (a folder); give another path")
+    check_writable_dir(Path(out).parent, f"--out {out}: its folder", create=False)   # made only on success
     spec = make_spec(args.model, args.method, bench="latency", n=3, seed=args.seed, world=args.world,
                      ckpt_dir=args.ckpt_dir, need_ckpt=not args.random_weights)
+    from bench.spec import parse_method, token_methods
+    tokens = token_methods(spec.methods)
+    if tokens:   # before the chain runs (export() checks the generator too)
+        raise ValueError(f"Core ML export of a token method ({parse_method(tokens[0])[0]}) is not supported: the package's per-scale "
+                         f"functions compute every token; export the chain without it")
     if args.random_weights:
         import dataclasses
         spec = dataclasses.replace(spec, ckpt={RANDOM_CKPT: f"torch.manual_seed({args.seed})"})

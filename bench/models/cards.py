@@ -19,7 +19,22 @@ from bench.models.configs import BSQConfig, InfinityConfig, TextConfig, VARConfi
 from bench.registry import MODELS
 
 VAR_SOURCE = "https://huggingface.co/FoundationVision/var/resolve/main/"
-TINY_SOURCE = "`make tiny-models` (retrains the tiny world from scratch; recipe in bench/recipes/tiny.py)"
+TINY_SOURCE = ("`varbench train-tiny` (`make tiny-models` in a checkout; retrains the tiny world from scratch; "
+               "recipe in bench/recipes/tiny.py)")
+
+
+def tiny_put(folder, one: bool = False, ckpt_flag: bool = True) -> str:
+    """Where missing tiny-world files go (``one``: a single file): the tiny folder is ``--ckpt-dir``
+    (``ckpt_flag``: where the command takes it), else ``$VARBENCH_TINY_DIR``, else the files shipped with
+    varbench (``$VARBENCH_CKPT_DIR`` is the paper world's)."""
+    import os
+    it = "it" if one else "them"
+    flags = "--ckpt-dir or VARBENCH_TINY_DIR" if ckpt_flag else "VARBENCH_TINY_DIR"
+    if os.environ.get("VARBENCH_TINY_DIR"):
+        rest = f"or unset VARBENCH_TINY_DIR to use the one{'' if one else 's'} shipped with varbench"
+    else:
+        rest = f"or reinstall varbench (the package ships {it} in assets/tiny)"
+    return f"Put {it} in {folder}, point {flags} at the folder that has {it}, {rest}."
 
 
 @dataclass(frozen=True)
@@ -54,7 +69,9 @@ class ModelCard:
     def files(self, ckpt_dir_: Optional[str | os.PathLike] = None) -> Dict[str, Path]:
         """``{filename: path}`` of the weights (VQVAE first); every missing file is listed in one error."""
         src = (lambda f: self.source + f) if self.world == "paper" else (lambda f: self.source)
-        return locate_all([(f, src(f)) for f in (self.vae_file, self.var_file)], self.folder(ckpt_dir_))
+        folder = self.folder(ckpt_dir_)
+        return locate_all([(f, src(f)) for f in (self.vae_file, self.var_file)], folder,
+                          tiny_put(folder) if self.world == "tiny" else None)
 
     def identity(self, ckpt_dir_: Optional[str | os.PathLike] = None) -> Dict[str, str]:
         """``{filename: sha256}`` of the files that will be loaded: part of every record's key. Tiny-world
@@ -95,7 +112,8 @@ MODELS.register("tiny-var", _tiny_var())
 # ---------------------------------------------------------------- text-to-image (Infinity class)
 INFINITY_SOURCE = "https://huggingface.co/FoundationVision/Infinity/resolve/main/"
 T5_FOLDER = "flan-t5-xl"
-TINY_T2I_SOURCE = "`make tiny-t2i` (retrains tiny-t2i from scratch; recipe in bench/recipes/tiny_t2i.py)"
+TINY_T2I_SOURCE = ("`python -m bench.recipes.tiny_t2i` (`make tiny-t2i` in a checkout; retrains tiny-t2i from "
+                   "scratch; recipe in bench/recipes/tiny_t2i.py)")
 
 
 @dataclass(frozen=True)
@@ -136,7 +154,8 @@ class T2ICard:
             if self.vae_source_name:
                 vae_src += f" (saved as {self.vae_file})"
             pairs = [(self.vae_file, vae_src), (self.inf_file, self.source + self.inf_file)]
-        return locate_all(pairs, self.folder(ckpt_dir_))
+        folder = self.folder(ckpt_dir_)
+        return locate_all(pairs, folder, tiny_put(folder) if self.world == "tiny" else None)
 
     def identity(self, ckpt_dir_: Optional[str | os.PathLike] = None) -> Dict[str, str]:
         check = check_manifest if self.world == "tiny" else sha256

@@ -8,7 +8,8 @@ area-downsampled f_hat. Images come back as uint8 [B, 3, H, W] (``x·255 + 0.5``
 PNG with torchvision does).
 
 Deviation: one seed per call seeds one generator for the whole batch, as official (``g_seed``); the
-runner derives per-batch seeds from the run seed.
+runner derives per-batch seeds from the run seed. Precision: fp32 throughout; the official demo notebook
+samples under fp16 autocast with TF32 matmuls, and the README's FID protocol names no precision.
 """
 from __future__ import annotations
 

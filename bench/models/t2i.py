@@ -11,8 +11,12 @@ grid; the next scale's input is that sum trilinearly resized (the training quant
 image is the decoded sum, (x+1)/2·255 **truncated** to uint8 (official; VAR rounds) in RGB (official
 writes BGR for cv2).
 
-Deviation: one seed seeds one ``torch.Generator`` for the whole batch, as official ``g_seed``; prompts
-in a batch are padded to the longest and masked (official packs them: same values).
+Deviations: one seed seeds one ``torch.Generator`` for the whole batch, as official ``g_seed``; prompts
+in a batch are padded to the longest and masked (official packs them: same values). Precision: varbench
+samples in fp32, with the cross-attention's inputs and output rounded to bf16 as official flash-attention
+does (``InfinityConfig.ca_bf16``); official inference (``tools/run_infinity.py``, ``--bf16 1``, the
+evaluation scripts' default) casts the blocks to bf16 and samples under bf16 autocast, so on a GPU its
+times are those of bf16 kernels and its images differ from these by bf16 rounding.
 """
 from __future__ import annotations
 
