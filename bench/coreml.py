@@ -6,7 +6,9 @@ block ``k_cache_{i}``/``v_cache_{i}`` [2B, H_i, L', c] (L' = the token count L r
 multiple of 32 above it) and the latent ``f_hat`` [B, Cvae, P, P] (``init_states``). Every function
 declares every state, so one state made from any function serves the whole generation; Core ML refuses
 to convert a declared state that a function does not use, so ``scale_0`` clears ``f_hat`` (a new
-generation) and ``decode`` clears the caches' padding [L, L') (never read: attention reads [0, end_si)).
+generation) and ``decode`` clears the caches' first padding position L (never read: attention reads
+[0, end_si)); those writes are in the functions' op counts and times (var-d16's decode: 32 one-position
+cache writes).
 Whether one ``MLState`` may be passed to the functions of one package loaded as separate ``MLModel``
 objects is the Core ML runtime's to say (macOS 15); it has not been run here.
 The host keeps the loop that Core ML cannot express well (seeded top-k/top-p sampling, CFG mixing):
@@ -166,9 +168,10 @@ class Decode(_Export):
     """Function ``decode``: tokens of the last scale [B, P²] → image [B, 3, H, W] in [-1, 1]."""
 
     def forward(self, idx_Bl: torch.Tensor) -> torch.Tensor:
-        for i in range(len(self.var.blocks)):   # the caches' padding, never read: the function uses every state
+        L = self.L
+        for i in range(len(self.var.blocks)):   # one padding position, never read: the function uses every state
             for cache in (getattr(self, f"k_cache_{i}"), getattr(self, f"v_cache_{i}")):
-                cache[:, :, self.L:] = torch.zeros_like(cache[:, :, self.L:])
+                cache[:, :, L:L + 1] = torch.zeros_like(cache[:, :, L:L + 1])
         self.add_scale(self.K - 1, idx_Bl.long(), first=False)
         return self.vae.fhat_to_img(self.f_hat)
 
@@ -255,25 +258,26 @@ def export(gen, out: str | os.PathLike, batch: int = 1, precision: str = "fp16",
             ml.save(str(path))
             desc.add_function(str(path), src_function_name="main", target_function_name=name)
         desc.default_function_name = "scale_0"
-        staged = tmp / "merged.mlpackage"
-        with contextlib.redirect_stderr(io.StringIO()) if not progress else contextlib.nullcontext():
-            ct.utils.save_multifunction(desc, str(staged))
-        if metadata:
-            (staged / "varbench.json").write_text(json.dumps(metadata, indent=1, sort_keys=True))
+        # staged beside ``out`` (one filesystem: the renames below are atomic), an existing package set
+        # aside there and removed only once the new one is in place
         out.parent.mkdir(parents=True, exist_ok=True)
-        old = None
-        if out.exists():   # set aside, removed only once the new package is in place
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
+        stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
         try:
-            shutil.move(str(staged), str(out))   # the package appears complete or not at all
-        except BaseException:
-            if old is not None:
-                shutil.rmtree(out, ignore_errors=True)
-                os.replace(old, out)
-            raise
-        if old is not None:
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
+            staged, old = stage / "new.mlpackage", stage / "old.mlpackage"
+            with contextlib.redirect_stderr(io.StringIO()) if not progress else contextlib.nullcontext():
+                ct.utils.save_multifunction(desc, str(staged))
+            if metadata:
+                (staged / "varbench.json").write_text(json.dumps(metadata, indent=1, sort_keys=True))
+            if out.exists():
+                os.replace(out, old)
+            try:
+                os.replace(staged, out)   # the package appears complete or not at all
+            except BaseException:
+                if old.exists():
+                    os.replace(old, out)
+                raise
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

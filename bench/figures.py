@@ -273,9 +273,11 @@ def pareto_points(spec, records, world, lat: Optional[Dict[str, dict]] = None) -
 def _pareto(spec, records, world, lat: Optional[Dict[str, dict]] = None) -> Tuple[List[dict], Optional[int], Dict[str, list]]:
     """(points, their n, {chain: [its n]} of the chains recorded only at other n). One n per figure (the
     n most chains have, the larger on a tie): FIDs of different sample counts are different quantities.
-    A chain's point is its records at that n and one setting (sampling, protocol; the one with the most
-    seeds, then the newest), aggregated over seeds as the leaderboard does: one seed, its value and
-    stderr; k ≥ 2 seeds, their mean ± sample sd / √k (none when they agree); per seed the newest record."""
+    A chain's point is its records at that n of one run identity but the seed (sampling, protocol,
+    method versions, checkpoint; the identity with the most seeds, then the newest), aggregated over
+    seeds as the leaderboard does: one seed, its value and stderr; k ≥ 2 seeds, their mean ± sample sd
+    / √k (none when they agree); per seed the newest record. Stale records are not told apart here (as
+    in the other record-drawn figures; the leaderboard and tables leave them out)."""
     import json
     import math
     model, bench = spec["model"][world], spec["bench"][world]
@@ -301,7 +303,9 @@ def _pareto(spec, records, world, lat: Optional[Dict[str, dict]] = None) -> Tupl
         m = rec["metrics"][y]
         p = {"chain": chain, "x": float(x), "xerr": xerr, "y": float(m["value"]),
              "yerr": m.get("stderr"), "n": s["n"], "created": rec["created"], "run_id": rec["run_id"]}
-        setting = json.dumps([s.get("sampling") or {}, s.get("protocol") or {}], sort_keys=True)
+        # the run's identity without its seed (RunSpec.key(ignore=("seed",)): sampling, protocol, method
+        # versions, checkpoint), as the leaderboard groups seeds into a row
+        setting = json.dumps({k: v for k, v in s.items() if k not in ("seed", "requested")}, sort_keys=True)
         seeds = groups.setdefault((chain, s["n"], setting), {})
         if _newer(p, seeds.get(s.get("seed"))):
             seeds[s.get("seed")] = p

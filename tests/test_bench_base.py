@@ -110,6 +110,10 @@ def test_shapes_c2i_names_its_feature_network_and_refuses_a_missing_one(tmp_path
                                 f"VARBENCH_TINY_DIR to use the one shipped with varbench. `varbench train-tiny` "
                                 f"retrains it.")
     assert ShapesC2I(feature_weights=str(w)).feature_weights == str(w)
+    with pytest.raises(FileNotFoundError) as e:   # a path given explicitly: no folder or variable to point
+        ShapesC2I(feature_weights=str(tmp_path / "no.safetensors")).preflight()
+    assert str(e.value) == (f"feature network {tmp_path / 'no.safetensors'} not found. Give the path of an existing "
+                            f"file. `varbench train-tiny` retrains it.")
 
 
 @needs_assets

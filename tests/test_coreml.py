@@ -126,10 +126,13 @@ def test_a_failed_export_keeps_the_package_it_would_replace(small_gen, dense_pac
     out = tmp_path / "p.mlpackage"
     shutil.copytree(dense_package, out)
 
+    real = cm.os.replace
+
     def broken(src, dst):
-        Path(dst).mkdir()          # a half-written destination
-        raise OSError("disk full")
-    monkeypatch.setattr(cm.shutil, "move", broken)
+        if Path(src).name == "new.mlpackage":   # moving the new package in fails
+            raise OSError("disk full")
+        real(src, dst)
+    monkeypatch.setattr(cm.os, "replace", broken)
     with pytest.raises(OSError, match="disk full"):
         cm.export(small_gen, out, progress=False, metadata={"model": "new"})
     assert json.loads((out / "varbench.json").read_text()) == {"model": "small"}
@@ -417,7 +420,7 @@ def test_every_function_declares_and_uses_every_state_and_keeps_its_constants_ou
         k = mods["decode"].k_cache_0
         k.fill_(7.0)
         mods["decode"](torch.zeros(1, 64, dtype=torch.int32))
-        assert k.shape[2] > L and not k[:, :, L:].any() and (k[:, :, :L] == 7.0).all()
+        assert k.shape[2] > L and not k[:, :, L].any() and (k[:, :, :L] == 7.0).all() and (k[:, :, L + 1:] == 7.0).all()
 
 
 def test_the_macos_and_compute_unit_messages_in_full(monkeypatch):

@@ -410,6 +410,27 @@ def test_pareto_takes_a_chains_setting_with_the_most_seeds():
     recs[2] = _seeded("c", ["tome"], 6.0, 1e9, 0, sampling={"cfg": 5.0})   # one seed each: the newest
     (p,), n, _ = _pareto(PARETO, _records(*recs), "tiny")
     assert (p["y"], p["run_id"]) == (2.0, "a")
+    # seeds made under another method version (or checkpoint) are another identity, never averaged in
+    recs = [_seeded("b", ["tome"], 4.0, 1e9, 0), _seeded("c", ["tome"], 6.0, 1e9, 1),
+            _seeded("d", ["tome"], 40.0, 1e9, 2, created="2026-03-01T00:00:00+00:00")]
+    recs[2][1]["spec"]["method_versions"] = {"tome": 2}
+    (p,), n, _ = _pareto(PARETO, _records(*recs), "tiny")
+    assert (p["y"], p["seeds"]) == (5.0, 2)
+
+
+def test_pareto_seed_statistics_and_the_spelling_of_a_request():
+    """k seeds: mean ± sample sd/√k (three seeds, and a spread below 1); seeds requested in other
+    spellings of one resolved chain are one identity."""
+    from bench.figures import _pareto
+    recs = [_seeded("a", ["tome"], 20.0, 1e9, 0), _seeded("b", ["tome"], 21.0, 1e9, 1),
+            _seeded("c", ["tome"], 23.0, 1e9, 2)]
+    (p,), _, _ = _pareto(PARETO, _records(*recs), "tiny")
+    assert (p["y"], p["yerr"], p["seeds"]) == (pytest.approx(64 / 3), pytest.approx((7 / 3) ** 0.5 / 3 ** 0.5), 3)
+    recs = recs[:2]
+    recs[0][1]["spec"]["requested"] = {"methods": ["tome"], "sampling": {}}
+    recs[1][1]["spec"]["requested"] = {"methods": ["tome:ratio=0.5"], "sampling": {}}
+    (p,), _, _ = _pareto(PARETO, _records(*recs), "tiny")
+    assert (p["y"], p["yerr"], p["seeds"]) == (20.5, pytest.approx(0.5), 2)
 
 
 def test_the_pareto_note_names_its_n_seeds_and_what_it_left_out():

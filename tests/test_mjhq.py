@@ -483,5 +483,16 @@ def test_openai_clip_loads_from_a_torchscript_archive_as_clip_load_files_are(tmp
             got = loaded.state_dict()
             assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want), name
             assert not loaded.training and tokenizer(["a red circle"]).shape == (1, 77)
+
+        class Other(torch.nn.Module):   # a TorchScript archive of something else: its keys are named
+            def __init__(self):
+                super().__init__()
+                self.logit_scale = torch.nn.Parameter(torch.ones([]))
+
+            def forward(self, x):
+                return x * self.logit_scale
+        torch.jit.save(torch.jit.script(Other()), str(tmp_path / "other.pt"))
+        with pytest.raises(ValueError, match=r"(?s)other\.pt: not OpenAI's varbench-test-tiny-quickgelu \(.*Missing key"):
+            load_openai_clip(tmp_path / "other.pt", arch=arch)
     finally:
         del factory._MODEL_CONFIGS["varbench-test-tiny-quickgelu"]

@@ -61,9 +61,10 @@ class TinyFeatureBench(Bench):
         from pathlib import Path
         if not Path(self.feature_weights).is_file():
             from bench.models.cards import tiny_put
-            raise FileNotFoundError(f"feature network {self.feature_weights} not found. "
-                                    + tiny_put(Path(self.feature_weights).parent, one=True, ckpt_flag=False)
-                                    + " `varbench train-tiny` retrains it.")
+            where = (tiny_put(Path(self.feature_weights).parent, one=True, ckpt_flag=False)
+                     if self._feature_weights is None else "Give the path of an existing file.")
+            raise FileNotFoundError(f"feature network {self.feature_weights} not found. {where} "
+                                    f"`varbench train-tiny` retrains it.")
 
 
 @BENCHES.register("shapes-c2i")

@@ -38,22 +38,35 @@ def is_torchscript(path) -> bool:
 def load_openai_clip(weights, device: str = "cpu", arch: str = ARCH):
     """(model, val preprocess, tokenizer) of OpenAI's CLIP from a local file (never downloads): a state
     dict (``open_clip_pytorch_model.bin``, safetensors) or OpenAI's TorchScript archive. The archive's
-    weights are read with ``torch.jit.load`` (open_clip's loader passes ``weights_only=True`` to
-    ``torch.load``, which refuses TorchScript) and loaded strictly into ``arch``, cast to fp32."""
+    weights are read with ``torch.jit.load`` (open_clip 3.x's loader calls ``torch.load`` with
+    ``weights_only=True``, which refuses TorchScript) and loaded strictly into ``arch``, cast to fp32."""
     weights = Path(weights) if weights else None
     if weights is None or not weights.is_file():
         raise FileNotFoundError(
             f"CLIP weights {weights} not found: put OpenAI's ViT-L-14 weights there (the file ViT-L-14.pt of "
             f"openai/CLIP, or open_clip_pytorch_model.bin of timm/vit_large_patch14_clip_224.openai) and give "
             f"its path (VARBENCH_CLIP_WEIGHTS); varbench never downloads at run time")
+    import logging
+
     import open_clip
-    script = is_torchscript(weights)
-    with warnings.catch_warnings():   # torch.load says it hands a TorchScript archive to torch.jit.load
-        warnings.filterwarnings("ignore", message=".*TorchScript archive.*")
+    if not is_torchscript(weights):
+        model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=str(weights), device=device)
+        return model.eval(), preprocess, open_clip.get_tokenizer(arch)
+    logging.disable(logging.WARNING)   # open_clip: "No pretrained weights loaded" (they are loaded below)
+    try:
+        model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=None)
+    finally:
+        logging.disable(logging.NOTSET)
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.jit.load.* is deprecated", category=FutureWarning)
-        model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=str(weights), device=device,
-                                                                     weights_only=not script)
-    return model.eval(), preprocess, open_clip.get_tokenizer(arch)
+        state = torch.jit.load(str(weights), map_location="cpu").state_dict()
+    for key in ("input_resolution", "context_length", "vocab_size"):   # attributes of OpenAI's archive, not weights
+        state.pop(key, None)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"CLIP weights {weights}: not OpenAI's {arch} ({e})") from None
+    return model.to(device).eval(), preprocess, open_clip.get_tokenizer(arch)
 
 
 class ClipScorer:
