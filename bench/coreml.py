@@ -331,10 +331,17 @@ from bench.defaults import COMPUTE_UNITS  # noqa: E402
 DEVICE_OF = {"MLCPUComputeDevice": "cpu", "MLGPUComputeDevice": "gpu", "MLNeuralEngineComputeDevice": "npu"}
 
 
+MACOS_MIN = 15   # the package's states and per-function loading (iOS 18 / macOS 15 deployment target)
+
+
 def require_macos(what: str) -> None:
     if platform.system() != "Darwin":
         raise ValueError(f"{what} runs on macOS only (the Core ML runtime is not on {platform.system()}); "
                          f"here `varbench coreml export` and `varbench coreml ops` work")
+    version = platform.mac_ver()[0]
+    if version and int(version.split(".")[0]) < MACOS_MIN:   # said now, not by coremltools after the export
+        raise ValueError(f"{what} needs macOS {MACOS_MIN} or later (the package's states and functions target "
+                         f"macOS {MACOS_MIN}); this Mac runs macOS {version}")
 
 
 def check_compute_units(cu: str) -> str:

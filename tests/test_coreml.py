@@ -432,6 +432,15 @@ def test_the_macos_and_compute_unit_messages_in_full(monkeypatch):
                             "here `varbench coreml export` and `varbench coreml ops` work")
     monkeypatch.setattr(cm.platform, "system", lambda: "Darwin")
     cm.require_macos("anything")   # on a Mac: nothing to say
+    for version, ok in (("15.0", True), ("26.1", True), ("14.6.1", False), ("", True)):   # "": not known, not refused
+        monkeypatch.setattr(cm.platform, "mac_ver", lambda v=version: (v, ("", "", ""), "arm64"))
+        if ok:
+            cm.require_macos("anything")
+        else:
+            with pytest.raises(ValueError) as e:
+                cm.require_macos("Core ML inference")
+            assert str(e.value) == ("Core ML inference needs macOS 15 or later (the package's states and functions "
+                                    "target macOS 15); this Mac runs macOS 14.6.1")
     assert set(cm.COMPUTE_UNITS) == {"CPU_AND_NE", "ALL", "CPU_AND_GPU", "CPU_ONLY"}
     with pytest.raises(ValueError) as e:
         cm.check_compute_units("GPU")
