@@ -279,7 +279,8 @@ def _pareto(spec, records, world, lat: Optional[Dict[str, dict]] = None) -> Tupl
     / √k (none when they agree); per seed the newest record. Stale records are not told apart here (as
     in the other record-drawn figures; the leaderboard and tables leave them out)."""
     import json
-    import math
+
+    from bench.leaderboard import seed_mean
     model, bench = spec["model"][world], spec["bench"][world]
     y = spec.get("y", "fid")
     if lat is None and spec["x"] == "latency_ms":
@@ -324,15 +325,8 @@ def _pareto(spec, records, world, lat: Optional[Dict[str, dict]] = None) -> Tupl
         if have is not None and (have["seeds"], have["created"], have["run_id"]) >= (
                 len(seeds), newest["created"], newest["run_id"]):
             continue
-        ys = [p["y"] for p in seeds.values()]
-        k = len(ys)
-        if k == 1:
-            y_, err = ys[0], newest["yerr"]
-        else:
-            y_ = sum(ys) / k
-            sd = math.sqrt(sum((v - y_) ** 2 for v in ys) / (k - 1))
-            err = sd / math.sqrt(k) if sd > 0 else None
-        best[chain] = {**newest, "y": y_, "yerr": err, "seeds": k}
+        y_, err = seed_mean([p["y"] for p in seeds.values()], newest["yerr"])
+        best[chain] = {**newest, "y": y_, "yerr": err, "seeds": len(seeds)}
     labels = short_labels(list(best))   # told apart where two chains would read alike
     for chain, p in best.items():
         p["label"] = labels[chain]

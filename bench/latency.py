@@ -616,10 +616,12 @@ def report(specs, records, labels: Sequence[str]) -> str:
                else f"{'–':>9s} {'':20s}")
         lines.append(f"{lab[:34]:34s} {m['value']:10.1f} {m['iqr']:8.1f} {m['p90']:9.1f} {ci:>20s} "
                      f"{rec['metrics']['images_per_s']['value']:7.3f} {mem} {speed:8.2f}× {flops:10.2f}×")
-    base_times = base["metrics"]["latency_ms"].get("times_ms")
-    cis = [f"{lab[:34]} [{lo:.2f}, {hi:.2f}]×" for lab, rec in list(zip(labels, records))[1:]
-           for times in [rec["metrics"]["latency_ms"].get("times_ms")] if base_times and times
-           for lo, hi in [speedup_ci(base_times, times)]]
+    base_times, cis = base["metrics"]["latency_ms"].get("times_ms"), []
+    for lab, rec in list(zip(labels, records))[1:]:
+        times = rec["metrics"]["latency_ms"].get("times_ms")
+        if base_times and times:   # records from before the times were kept have none
+            lo, hi = speedup_ci(base_times, times)
+            cis.append(f"{lab[:34]} [{lo:.2f}, {hi:.2f}]×")
     if cis:
         lines.append("95 % CI of each speed-up (bootstrap of the ratio of medians, "
                      f"{BOOTSTRAP} resamples): " + "; ".join(cis))

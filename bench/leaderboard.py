@@ -150,6 +150,17 @@ def records_frame(records: Mapping[str, Mapping[str, Any]], ckpt_dir: Optional[s
     return pd.DataFrame(rows)
 
 
+def seed_mean(values: Sequence[float], one_stderr: Optional[float]) -> tuple:
+    """(value, stderr) of one row's k seeds: k = 1, the value and its record's own stderr
+    (``one_stderr``); k ≥ 2, the mean ± sample standard deviation / √k (None when the seeds agree)."""
+    k = len(values)
+    if k == 1:
+        return float(values[0]), one_stderr
+    mean = sum(values) / k
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (k - 1))
+    return float(mean), (sd / math.sqrt(k) if sd > 0 else None)
+
+
 def _aggregate(records: pd.DataFrame, measures: Sequence[str]) -> List[Dict[str, Any]]:
     """One entry per row of the leaderboard (see "Aggregation" in the module docstring)."""
     out = []
@@ -166,14 +177,9 @@ def _aggregate(records: pd.DataFrame, measures: Sequence[str]) -> List[Dict[str,
             k = len(got)
             if k == 0:
                 continue
-            vals = got[m].astype(float)
-            if k == 1:
-                err = got[m + STDERR].iloc[0] if m + STDERR in got else None
-                err = None if err is None or pd.isna(err) else float(err)
-            else:
-                sd = float(vals.std(ddof=1))
-                err = sd / math.sqrt(k) if sd > 0 else None
-            entry["values"][m] = {"value": float(vals.mean()), "stderr": err, "k": k}
+            err = got[m + STDERR].iloc[0] if k == 1 and m + STDERR in got else None
+            value, err = seed_mean(list(got[m].astype(float)), None if err is None or pd.isna(err) else float(err))
+            entry["values"][m] = {"value": value, "stderr": err, "k": k}
         out.append(entry)
     return out
 

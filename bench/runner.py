@@ -139,14 +139,14 @@ def run(spec: RunSpec, root=None, force: bool = False, ckpt_dir=None, progress: 
         if rec is not None:
             return rec
     preflight(spec, root)
-    partial = bench_of(spec).coverage_note(spec.n)
-    if partial and shard.rank() == 0:
-        print(f"varbench: warning: {partial}", file=sys.stderr)
     device = shard.setup(device)        # torchrun: this rank's device, process group up; else unchanged
     timings: Dict[str, float] = {}
     t0 = time.perf_counter()
     card = MODELS.get(spec.model)
     bench = bench_of(spec)
+    partial = bench.coverage_note(spec.n)   # said before any sampling, kept in the record's notes
+    if partial and shard.rank() == 0:
+        print(f"varbench: warning: {partial}", file=sys.stderr)
     if card.identity(ckpt_dir) != spec.ckpt:
         raise ValueError(f"{spec.label()}: the checkpoint files in {card.folder(ckpt_dir)} are not the ones "
                          f"this spec was made for; make the spec again")
