@@ -248,6 +248,31 @@ def test_bit_loss_uniform_and_reweighted_by_scale(small_gen):
                                               weight_BL=torch.ones_like(ce_BL)), want)
 
 
+def test_bit_loss_on_a_prefix_of_the_schedule(small_gen):
+    """``schedule=`` a prefix (the recipe's coarse-first steps): the loss over the prefix's tokens only,
+    equal to the full pass's cross-entropy of those tokens (the mask is block-causal: later scales
+    cannot change earlier ones), uniform and reweighted; a schedule that is not a prefix is refused."""
+    feats, mask = _text(small_gen)
+    z = torch.randn(2, SMALL.codebook_dim, 4, 4, generator=torch.Generator().manual_seed(4))
+    full = SMALL.scale_schedule
+    bits, x = small_gen.vae.requantize(z, full)
+    ce_BL = small_gen.token_ce(feats, mask, bits, x)
+    pre = tuple(full[:2])
+    Lp = sum(h * w for h, w in pre)
+    pbits, px = small_gen.vae.requantize(z, pre)
+    assert all(torch.equal(a, b) for a, b in zip(pbits, bits[:2]))
+    torch.testing.assert_close(small_gen.loss(feats, mask, pbits, px, schedule=pre), ce_BL[:, :Lp].mean())
+    w = torch.cat([torch.full((h * w_,), 4 / math.sqrt(h * w_)) for h, w_ in pre])
+    torch.testing.assert_close(small_gen.loss(feats, mask, pbits, px, reweight_by_scale=True, schedule=pre),
+                               (ce_BL[:, :Lp] * (w / w.sum())).sum(-1).mean())
+    w_BL = torch.rand(2, Lp, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(small_gen.loss(feats, mask, pbits, px, weight_BL=w_BL, schedule=pre),
+                               (ce_BL[:, :Lp] * w_BL).sum() / w_BL.sum())
+    for bad in ((full[1],), (), ((3, 3),)):
+        with pytest.raises(ValueError, match="not a non-empty prefix"):
+            small_gen.loss(feats, mask, pbits, px, schedule=bad)
+
+
 def test_t5_folder_missing_is_a_clear_error(tmp_path):
     from bench.models.text import T5TextEncoder
     with pytest.raises(FileNotFoundError, match="flan-t5-xl"):

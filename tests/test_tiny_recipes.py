@@ -215,6 +215,13 @@ def test_tiny_t2i_training_loop_records_its_curves():
                                        (["--background-weight", "0"], "(0, 1]"), (["--background-weight", "1.5"], "(0, 1]"),
                                        (["--eval-every", "-1"], "≥ 0"), (["--time-budget", "0"], "> 0 seconds"),
                                        (["--batch", "0"], "--batch must be ≥ 1, got 0"),
+                                       (["--text-pretrain", "-1"], "--text-pretrain must be ≥ 0 steps, got -1"),
+                                       (["--layout-weight", "-0.5"], "--layout-weight must be a finite number ≥ 0"),
+                                       (["--layout-weight", "nan"], "--layout-weight must be a finite number ≥ 0"),
+                                       (["--coarse-first", "-1"], "--coarse-first must be ≥ 0 steps, got -1"),
+                                       (["--coarse-scales", "6"], "--coarse-scales must be in 1…5"),
+                                       (["--coarse-first", "100", "--time-budget", "60"], "do not go together"),
+                                       (["--reweight-by-scale", "2"], "invalid choice: 2"),
                                        (["--recipe", "fast"], "argument --recipe: invalid choice: 'fast' (choose from")])
 def test_tiny_t2i_refuses_bad_options_before_training(args, msg, capsys, monkeypatch):
     """Wrong devices and step counts are refused with the range, before any data is made or file written
@@ -246,6 +253,10 @@ def test_tiny_t2i_passes_steps_and_device_to_the_run(monkeypatch, tmp_path):
     tiny_t2i.main(["--out", str(tmp_path), "--batch", "192", "--time-budget", "300"])
     assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "batch": 192, "time_budget_s": 300.0}
     assert tiny_t2i.T2I_RECIPE["batch"] == 48
+    tiny_t2i.main(["--out", str(tmp_path), "--text-pretrain", "500", "--layout-weight", "0.5"])
+    assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "text_pretrain": 500, "layout_weight": 0.5}
+    tiny_t2i.main(["--out", str(tmp_path), "--coarse-first", "500", "--coarse-scales", "2", "--reweight-by-scale", "1"])
+    assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "coarse_first": 500, "coarse_scales": 2, "reweight_by_scale": 1}
     tiny_t2i.main(["--out", str(tmp_path)])
     assert seen["recipe"] is tiny_t2i.T2I_RECIPE and seen["stages"] == list(tiny_t2i.STAGES) and seen["name"] == "cpu"
     tiny_t2i.main(["--out", str(tmp_path), "--recipe", "gpu", "--device", "cpu"])   # the shipped files' recipe

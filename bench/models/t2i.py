@@ -211,37 +211,52 @@ class T2IGenerator(PromptGenerator):
         return to_uint8_trunc(self.vae.decode(latent))
 
     # ------------------------------------------------------------------ teacher forcing
-    def forward_teacher(self, feats_BTC, mask_BT, bits: Sequence[torch.Tensor], x_BLd=None) -> torch.Tensor:
+    def forward_teacher(self, feats_BTC, mask_BT, bits: Sequence[torch.Tensor], x_BLd=None,
+                        schedule: Optional[Sequence[Tuple[int, int]]] = None) -> torch.Tensor:
         """Logits [B, L, 2d] of a bit pyramid under teacher forcing; the input is made from the bits as
         the official trainer makes it (``BSQVAE.bits_to_var_input``) unless given (``x_BLd``, e.g. from
-        ``BSQVAE.requantize`` with bitwise self-correction)."""
-        x = self.vae.bits_to_var_input(bits, self.schedule) if x_BLd is None else x_BLd
-        return self.infinity(feats_BTC, mask_BT, x, self.schedule)
+        ``BSQVAE.requantize`` with bitwise self-correction). ``schedule``: the model's own (default) or
+        a prefix of it (the first scales only, as a coarse-first curriculum trains them)."""
+        schedule = self._prefix(schedule)
+        x = self.vae.bits_to_var_input(bits, schedule) if x_BLd is None else x_BLd
+        return self.infinity(feats_BTC, mask_BT, x, schedule)
 
-    def token_ce(self, feats_BTC, mask_BT, bits: Sequence[torch.Tensor], x_BLd=None) -> torch.Tensor:
+    def _prefix(self, schedule) -> Tuple[Tuple[int, int], ...]:
+        if schedule is None:
+            return self.schedule
+        schedule = tuple(tuple(hw) for hw in schedule)
+        if not schedule or schedule != self.schedule[:len(schedule)]:
+            raise ValueError(f"schedule {schedule} is not a non-empty prefix of the model's {self.schedule}")
+        return schedule
+
+    def token_ce(self, feats_BTC, mask_BT, bits: Sequence[torch.Tensor], x_BLd=None,
+                 schedule: Optional[Sequence[Tuple[int, int]]] = None) -> torch.Tensor:
         """Cross-entropy of every token [B, L] under teacher forcing, averaged over its bits."""
-        logits_BLd2 = self.forward_teacher(feats_BTC, mask_BT, bits, x_BLd)
+        logits_BLd2 = self.forward_teacher(feats_BTC, mask_BT, bits, x_BLd, schedule)
         B, L = logits_BLd2.shape[:2]
         return F.cross_entropy(logits_BLd2.reshape(-1, 2), torch.cat(bits, dim=1).reshape(-1),
                                reduction="none").view(B, L, -1).mean(dim=-1)
 
     def loss(self, feats_BTC, mask_BT, bits: Sequence[torch.Tensor], x_BLd=None,
-             reweight_by_scale: bool = False, weight_BL: Optional[torch.Tensor] = None) -> torch.Tensor:
+             reweight_by_scale: bool = False, weight_BL: Optional[torch.Tensor] = None,
+             schedule: Optional[Sequence[Tuple[int, int]]] = None) -> torch.Tensor:
         """Infinity's bit-label loss: the cross-entropy of every bit, averaged over a token's bits
         (``bitloss_type='mean'``), then over tokens — uniformly (1/L), or with
         ``reweight_by_scale`` (the official ``scripts/train.sh`` sets ``--reweight_loss_by_scale 1``) a
         token of scale k weighs √(h_K·w_K)/√(h_k·w_k), normalised to sum 1, so that coarse scales are not
         drowned by the many tokens of fine ones — then over the batch. ``weight_BL`` (not in the
         official trainer; the tiny recipe's ``background_weight``): per-token weights that multiply
-        those, the loss then being Σ w·ce / Σ w over the whole batch."""
-        ce_BL = self.token_ce(feats_BTC, mask_BT, bits, x_BLd)
+        those, the loss then being Σ w·ce / Σ w over the whole batch. ``schedule``: a prefix of the
+        model's schedule (default: all of it; ``forward_teacher``), the loss then over its tokens only."""
+        schedule = self._prefix(schedule)
+        ce_BL = self.token_ce(feats_BTC, mask_BT, bits, x_BLd, schedule)
         L = ce_BL.shape[1]
         if not reweight_by_scale and weight_BL is None:
             return ce_BL.mean()
         w_L = torch.ones(L)
         if reweight_by_scale:
             side_K = (self.schedule[-1][0] * self.schedule[-1][1]) ** 0.5
-            w_L = torch.cat([torch.full((h * w,), side_K / (h * w) ** 0.5) for h, w in self.schedule])[:L]
+            w_L = torch.cat([torch.full((h * w,), side_K / (h * w) ** 0.5) for h, w in schedule])[:L]
         w_L = (w_L / w_L.sum()).to(ce_BL)
         if weight_BL is None:
             return ce_BL.mul(w_L).sum(dim=-1).mean()

@@ -26,7 +26,14 @@
 #            steps (default 5000; 0: none), the quality bars measured at the end; one run per batch size
 #            in $T2I_BATCHES (default "48", the recipe's), all at once on the one GPU (on an H200, three
 #            at once ran batch 192 at 102 ms per step, alone at 49), each packed into $OUT/t2i-b<batch>.tar
-#            (its manifest, the two trained files and its log)
+#            (its manifest, the two trained files and its log); the text encoder first pretrained on the
+#            scenes' 2×2 colour layouts for $T2I_PRETRAIN steps (default 1000; 0: none) and that loss kept
+#            in the joint steps at weight $T2I_LAYOUT (default 1.0; bench/recipes/t2i_layout.py), the
+#            loss reweighted by scale as Infinity's trainer does when T2I_REWEIGHT=1 (default), and the
+#            first $T2I_COARSE steps (default 500) on the 1×1, 2×2 and 4×4 scales only; with T2I_COARSE > 0
+#            the run is $T2I_STEPS steps (default 3200) instead of a time budget (coarse steps are faster,
+#            so they cannot pace it). The shipped files' run: T2I_BATCHES=192 T2I_TRAIN_S=330
+#            T2I_PRETRAIN=0 T2I_LAYOUT=0 T2I_REWEIGHT=0 T2I_COARSE=0
 #
 # From a session with the device tool: `OUT=$OUT bash tests/device/gpu_checks.sh env latency official` with
 # carry [".official/VAR"] (the sampler checks of issue 9: eager, CUDA graphs and the official sampler).
@@ -39,7 +46,7 @@
 # per check: ok / FAILED / skipped and its time; the numbers are in the log), latency/ (the latency
 # records), t2i-b<batch>.tar (above): few files, as a device machine returns at most 8. DEVICE (default
 # cuda) may be set to cpu to try the script's logic on a machine without a GPU (small: LAT_MODEL=tiny-var
-# REPS=3 T2I_MAX_STEPS=2 T2I_EVAL_EVERY=0).
+# REPS=3 T2I_STEPS=2 T2I_COARSE=1 T2I_PRETRAIN=2 T2I_EVAL_EVERY=0; the t2i data still take minutes).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-checks}
@@ -53,6 +60,11 @@ T2I_TRAIN_S=${T2I_TRAIN_S:-300}
 T2I_EVAL_EVERY=${T2I_EVAL_EVERY:-5000}
 T2I_MAX_STEPS=${T2I_MAX_STEPS:-60000}
 T2I_BATCHES=${T2I_BATCHES:-48}
+T2I_PRETRAIN=${T2I_PRETRAIN:-1000}
+T2I_LAYOUT=${T2I_LAYOUT:-1.0}
+T2I_REWEIGHT=${T2I_REWEIGHT:-1}
+T2I_COARSE=${T2I_COARSE:-500}
+T2I_STEPS=${T2I_STEPS:-3200}
 VAR_OFFICIAL=${VAR_OFFICIAL:-.official/VAR}
 SCRATCH=$(mktemp -d)
 mkdir -p "$OUT"
@@ -146,14 +158,20 @@ EOF
 }
 
 check_t2i() {
-    local b out pids=() rc=0
+    local b out length pids=() rc=0
     for b in $T2I_BATCHES; do   # one run per batch size, all at once
         out="$SCRATCH/t2i-b$b"
         mkdir -p "$out" && cp assets/tiny/manifest.json assets/tiny/tiny_bsq.safetensors "$out"/
         echo "+ t2i batch $b: log in t2i-b$b.tar" | tee -a "$LOG"
-        "$PY" -m bench.recipes.tiny_t2i --device "$DEVICE" --stages t2i,eval --steps "$T2I_MAX_STEPS" \
-            --time-budget "$T2I_TRAIN_S" --eval-every "$T2I_EVAL_EVERY" --background-weight "$T2I_BG" \
-            --batch "$b" --out "$out" --no-progress >"$out/log.txt" 2>&1 &
+        if [ "$T2I_COARSE" -gt 0 ]; then
+            length=(--steps "$T2I_STEPS" --coarse-first "$T2I_COARSE")
+        else
+            length=(--steps "$T2I_MAX_STEPS" --time-budget "$T2I_TRAIN_S")
+        fi
+        "$PY" -m bench.recipes.tiny_t2i --device "$DEVICE" --stages t2i,eval "${length[@]}" \
+            --eval-every "$T2I_EVAL_EVERY" --background-weight "$T2I_BG" --batch "$b" \
+            --text-pretrain "$T2I_PRETRAIN" --layout-weight "$T2I_LAYOUT" --reweight-by-scale "$T2I_REWEIGHT" \
+            --out "$out" --no-progress >"$out/log.txt" 2>&1 &
         pids+=($!)
     done
     for b in $T2I_BATCHES; do
@@ -163,7 +181,7 @@ check_t2i() {
         fi
         pids=("${pids[@]:1}")
         rm -f "$out/tiny_bsq.safetensors"   # the shipped file, unchanged (its entry stays in the manifest)
-        grep -E "^(time budget|step [0-9]+:|tiny-t2i quality)" "$out/log.txt" | sed "s/^/[b$b] /" | tee -a "$LOG"
+        grep -E "^(time budget|text layout|step [0-9]+:|tiny-t2i quality)" "$out/log.txt" | sed "s/^/[b$b] /" | tee -a "$LOG"
         [ -f "$out/manifest.json" ] && run "$PY" -c "import json; e = json.load(open('$out/manifest.json'))['models']['tiny-t2i']; \
 q = e.get('quality', {}); print('batch $b: steps', e['recipe']['steps'], 'train_seconds', e['train_seconds'], 'quality', \
 {k: q.get(k) for k in ('single_object', 'two_object', 'counting', 'position')}, 'met', q.get('met'))"

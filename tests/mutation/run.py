@@ -214,8 +214,11 @@ MODEL_TARGETS = [(m, fn, tests) for m, fns, tests in [
                           "BSQVAE.bits_to_latent", "BSQVAE.bits_to_var_input", "BSQVAE.requantize", "BSQVAE.decode",
                           "BSQVAE.adapt_state_dict"], _INF),
     ("bench.models.t2i", ["PromptGenerator.encode_prompts", "PromptGenerator.generate", "T2IGenerator.__init__",
-                          "T2IGenerator.forward_teacher", "T2IGenerator.token_ce", "T2IGenerator.loss",
-                          "to_uint8_trunc"], _INF),
+                          "T2IGenerator.forward_teacher", "T2IGenerator._prefix", "T2IGenerator.token_ce",
+                          "T2IGenerator.loss", "to_uint8_trunc"], _INF),
+    # the tiny text encoder's layout pretraining (the tiny-t2i recipe's text_pretrain / layout_weight)
+    ("bench.recipes.t2i_layout", ["layout_targets", "mean_pool", "LayoutHead.__init__", "LayoutHead.loss",
+                                  "pretrain_text", "relation_probe"], ["tests/test_t2i_layout.py"]),
     # the samplers' policy and prefix paths are reached by the token-method, LazyVAR and probe tests
     ("bench.models.t2i", ["T2IGenerator.sample_bits", "_check_leak"], _INF + ["tests/test_token_methods_t2i.py", "tests/test_lazyvar.py",
                                                               "tests/test_t2i_probe.py"]),
