@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -268,8 +269,11 @@ def test_bit_loss_on_a_prefix_of_the_schedule(small_gen):
     w_BL = torch.rand(2, Lp, generator=torch.Generator().manual_seed(5))
     torch.testing.assert_close(small_gen.loss(feats, mask, pbits, px, weight_BL=w_BL, schedule=pre),
                                (ce_BL[:, :Lp] * w_BL).sum() / w_BL.sum())
+    as_lists = [list(hw) for hw in pre]   # a schedule as lists (e.g. read from JSON) is the same prefix
+    torch.testing.assert_close(small_gen.loss(feats, mask, pbits, px, schedule=as_lists), ce_BL[:, :Lp].mean())
     for bad in ((full[1],), (), ((3, 3),)):
-        with pytest.raises(ValueError, match="not a non-empty prefix"):
+        with pytest.raises(ValueError, match=re.escape(f"schedule {bad} is not a non-empty prefix of the model's "
+                                                       f"{tuple(full)}")):
             small_gen.loss(feats, mask, pbits, px, schedule=bad)
 
 
