@@ -163,7 +163,7 @@ with manifest entries (sha256, recipe, seed, thread count, SIMD level, curves, q
    500 full-schedule steps. A trained generator does not pick the relation up either: the GPU-recipe
    transformer given a freshly pretrained encoder (500 steps at peak rate 7·10⁻⁴) relearned the colour–shape
    binding (delta 0.095 at 8×8) but not the relation (≤ 0.0008; layouts 0.50–0.58). None of this is in
-   the shipped files or the default recipes yet: a full run of the combination (on the CPU about 2 h;
+   the shipped files or the default recipes yet: a full run of the combination (not timed; the CPU recipe's 6,000 steps took 1 h 34–38 min;
    ``tests/device/gpu_checks.sh t2i`` runs it on a GPU) has not been made. The pretraining is a stand-in
    for the pretrained encoders of the paper world (Flan-T5, Qwen2), which arrive knowing word order; the
    head is discarded, so the shipped encoder's class and keys do not change.
