@@ -162,9 +162,27 @@ with manifest entries (sha256, recipe, seed, thread count, SIMD level, curves, q
    reweighted 2,000-step pilot above, and the curriculum of (e) above, which lost the relation within
    500 full-schedule steps. A trained generator does not pick the relation up either: the GPU-recipe
    transformer given a freshly pretrained encoder (500 steps at peak rate 7·10⁻⁴) relearned the colour–shape
-   binding (delta 0.095 at 8×8) but not the relation (≤ 0.0008; layouts 0.50–0.58). None of this is in
-   the shipped files or the default recipes yet: a full run of the combination (not timed; the CPU recipe's 6,000 steps took 1 h 34–38 min;
-   ``tests/device/gpu_checks.sh t2i`` runs it on a GPU) has not been made. The pretraining is a stand-in
+   binding (delta 0.095 at 8×8) but not the relation (≤ 0.0008; layouts 0.50–0.58).
+   The full CPU run of the combination (the CPU recipe with ``--background-weight 0.25 --text-pretrain
+   1000 --layout-weight 1 --reweight-by-scale 1 --coarse-first 500``; 6,000 steps, 2 threads, AVX-512,
+   the transformer's training 5,790 s = 1 h 37 min, alone on the machine for most of it) reads the
+   relation and puts the colours where the prompt says, and position is then lost to the shapes, as
+   two-object prompts are. Quality curve (50 prompts per task; single / two-object / counting /
+   position) 0.24 / 0.10 / 0.16 / 0.06, 0.46 / 0.06 / 0.20 / 0.08, 0.70 / 0.22 / 0.34 / 0.18, 0.74 /
+   0.22 / 0.50 / 0.18, 0.82 / 0.32 / 0.42 / 0.28, 0.90 / 0.32 / 0.34 / 0.30 at steps 1,000–6,000;
+   relation delta at 2×2 0.010 / 0.081 / 0.178 / 0.190 / 0.185 / 0.186 at the same steps; on the eval
+   protocol (100 prompts per task, stored fp16 weights) 0.85 / 0.30 / 0.32 / 0.28, against the CPU
+   recipe's 0.92 / 0.28 / 0.51 / 0.06: position up, single objects and counting down. Its samples put
+   the two colours in the prompt's order in 0.45 / 0.90 / 1.00 / 1.00 / 1.00 of 147 val position
+   scenes per scale (the VAE's own codes 0.50 / 0.81 / 0.97 / 1.00 / 1.00), and the failures of 100 val
+   scenes per task (``t2i_probe --prefix``) are shapes, not the relation: position 33 pass, 65 shape
+   wrong, 1 relation wrong, 1 colour missing; two-object 21 pass, 76 shape wrong, 3 colour missing. On
+   100 eval two-object prompts, of the 69 named objects whose colour is drawn in a wrong shape, 34 have
+   the other named object's shape and 35 another one (mostly a circle); squares (42) and crosses (23)
+   fail most. Not shipped, not a default: it meets no bar (single objects 0.85 < 0.90), and what
+   remains for position is what remains for two-object prompts, the shapes, which the GPU recipe's
+   four times as many rows improved (0.54 two-object). ``tests/device/gpu_checks.sh t2i`` trains the
+   combination on a GPU at the GPU recipe's batch; it has not run (no GPU lent). The pretraining is a stand-in
    for the pretrained encoders of the paper world (Flan-T5, Qwen2), which arrive knowing word order; the
    head is discarded, so the shipped encoder's class and keys do not change.
 
