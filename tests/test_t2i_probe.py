@@ -179,3 +179,119 @@ def test_gt_leak_on_a_pruned_scale_takes_the_kept_positions(random_gen):
         random_gen.token_policy = saved
     assert torch.equal(bits[2][:, 8:], gt[2][:, 8:]) and (bits[2][:, :8] == -1).all()
     assert all(torch.equal(bits[si], gt[si]) for si in range(K) if si != 2)
+
+
+# ---------------------------------------------------------------------------------------- cross-attention focus
+def test_object_cells():
+    """A cell counts for object a when a covers ≥ the threshold of it and b none of it."""
+    import numpy as np
+    a, b = np.zeros((64, 64), bool), np.zeros((64, 64), bool)
+    a[0:16, 0:16] = True        # four cells of the 8×8 grid, one of the 4×4 grid, a quarter of one 2×2 cell
+    b[0:16, 24:40] = True       # shares the top-left 2×2 cell with a
+    assert t2i_probe.object_cells(a, b, (8, 8)).tolist() == [0, 1, 8, 9]
+    assert t2i_probe.object_cells(a, b, (4, 4)).tolist() == [0]
+    assert t2i_probe.object_cells(a, b, (2, 2)).tolist() == []        # b is in it too
+    assert t2i_probe.object_cells(a, np.zeros_like(b), (2, 2)).tolist() == [0]   # 0.25 ≥ 0.15
+    assert t2i_probe.object_cells(a, np.zeros_like(b), (2, 2), cover=0.3).tolist() == []
+    assert t2i_probe.object_cells(a, np.zeros_like(b), (2, 2), cover=0.25).tolist() == [0]   # the bound counts
+    assert t2i_probe.object_cells(b, a, (4, 4)).tolist() == [1, 2]   # half of each of those cells
+
+
+def test_cross_attention_probs_are_the_modules_own(random_gen):
+    """Applied to the module's own values and output projection, the probabilities give the module's
+    output; padded words get none, and each row sums to 1."""
+    ca = random_gen.blocks[1].ca
+    g = torch.Generator().manual_seed(0)
+    B, L, T = 3, 10, configs.T2I_MAX_WORDS
+    q_BLC = torch.randn(B, L, ca.H * ca.c, generator=g)
+    kv_BTC = torch.randn(B, T, ca.H * ca.c, generator=g)
+    mask_BT = torch.ones(B, T, dtype=torch.bool)
+    mask_BT[0, 5:] = mask_BT[2, 2:] = False
+    with torch.no_grad():
+        p_BHLT = t2i_probe.cross_attention_probs(ca, q_BLC, kv_BTC, mask_BT)
+        _, v_BHTc = ca.text_kv(kv_BTC, mask_BT)
+        o = ca.proj((p_BHLT @ v_BHTc).transpose(1, 2).reshape(B, L, -1))
+        want = ca(q_BLC, kv_BTC, mask_BT)
+    assert p_BHLT.shape == (B, ca.H, L, T)
+    torch.testing.assert_close(o, want, atol=1e-5, rtol=1e-5)
+    assert (p_BHLT[0, ..., 5:] == 0).all() and (p_BHLT[2, ..., 2:] == 0).all()
+    torch.testing.assert_close(p_BHLT.sum(-1), torch.ones(B, ca.H, L))
+    assert p_BHLT.std() > 0.01   # not uniform: the test above can fail
+
+
+def test_cross_attention_probs_round_the_queries_as_the_module_does():
+    """A cross-attention with the official bf16 rounding (``ca_bf16``): the probabilities are those of
+    its bf16-rounded queries and keys, which differ from unrounded queries' (so the rounding is seen)."""
+    from bench.models.infinity import CrossAttention
+    torch.manual_seed(1)
+    ca = CrossAttention(64, 48, 4, bf16=True)
+    g = torch.Generator().manual_seed(2)
+    q_BLC, kv_BTC = torch.randn(2, 6, 64, generator=g), torch.randn(2, 5, 48, generator=g)
+    mask_BT = torch.ones(2, 5, dtype=torch.bool)
+    mask_BT[1, 3:] = False
+    with torch.no_grad():
+        p = t2i_probe.cross_attention_probs(ca, q_BLC, kv_BTC, mask_BT)
+        k, _ = ca.text_kv(kv_BTC, mask_BT)
+        q = ca.mat_q(q_BLC).view(2, 6, 4, 16).transpose(1, 2)
+        hand = lambda q: ((q @ k.transpose(-1, -2)) / 4).masked_fill(~mask_BT[:, None, None], float("-inf")).softmax(-1)  # noqa: E731
+        assert torch.equal(p, hand(q.to(torch.bfloat16).float()))
+        assert not torch.equal(p, hand(q))
+
+
+def test_attention_focus_is_half_under_uniform_attention(random_gen):
+    """Queries of zero attend uniformly: every share exactly 0.5; the random model's queries do not."""
+    inputs = t2i_probe.attention_inputs(random_gen.vae, random_gen.schedule, n=6, pool=120)
+    out = t2i_probe.attention_focus(random_gen, inputs=inputs)
+    K, D = len(configs.T2I_SCHEDULE), len(random_gen.blocks)
+    assert out["scenes"] == 6 and len(out["tokens"]) == K and len(out["key_norm"]) == D
+    assert out["tokens"][0] == 0 and out["own_colour"][0] == [None] * D   # 1×1: both objects share the cell
+    assert all(t > 0 for t in out["tokens"][2:])
+    shares = [v for k in range(1, K) for v in out["own_colour"][k] + out["own_shape"][k] if v is not None]
+    assert shares and any(v != 0.5 for v in shares)
+    saved = [(b.ca.mat_q.weight.detach().clone(), b.ca.mat_q.bias.detach().clone()) for b in random_gen.blocks]
+    try:
+        with torch.no_grad():
+            for b in random_gen.blocks:
+                b.ca.mat_q.weight.zero_(), b.ca.mat_q.bias.zero_()
+        flat = t2i_probe.attention_focus(random_gen, inputs=inputs)
+    finally:
+        with torch.no_grad():
+            for b, (w, bias) in zip(random_gen.blocks, saved):
+                b.ca.mat_q.weight.copy_(w), b.ca.mat_q.bias.copy_(bias)
+    assert all(v == 0.5 for k in range(1, K) for v in flat["own_colour"][k] + flat["own_shape"][k])
+    assert flat["key_norm"] == out["key_norm"] and all(v > 0 for v in out["key_norm"])
+    assert not any(b.ca._forward_pre_hooks for b in random_gen.blocks)   # its hooks are gone
+    # a model in training (here dropping every prompt) is measured in eval mode, and left training
+    import dataclasses
+    cfg = random_gen.infinity.cfg
+    random_gen.infinity.cfg = dataclasses.replace(cfg, cond_drop_rate=1.0)
+    random_gen.train()
+    try:
+        assert t2i_probe.attention_focus(random_gen, inputs=inputs) == out and random_gen.training
+    finally:
+        random_gen.eval()
+        random_gen.infinity.cfg = cfg
+
+
+def test_attention_inputs_name_each_objects_words():
+    """The word positions are those of the object's colour and shape in its prompt, and an object's
+    cells at the last scale hold its ground-truth mask."""
+    vae = BSQVAE(configs.TINY_BSQ)
+    prompts, bits, _, cells, words = t2i_probe.attention_inputs(vae, configs.T2I_SCHEDULE, n=5, pool=120)
+    assert len(prompts) == len(cells) == len(words) == 5 and len(bits) == len(configs.T2I_SCHEDULE)
+    for p, w in zip(prompts, words):
+        toks = p.split()
+        assert [[toks[i] for i in obj] for obj in w] == [toks[1:3], toks[5:7]]   # "a C S and a C S"
+        assert toks[1] != toks[5] and toks[2] != toks[6]
+
+
+def test_attention_focus_of_the_shipped_files():
+    """Pinned on the shipped tiny-t2i files: at the 8×8 scale its object tokens prefer their own colour
+    word in every block, and put exactly no preference on the shape words (within 0.02)."""
+    from bench.models.zoo import load_t2i
+    from bench.registry import MODELS
+    out = t2i_probe.attention_focus(load_t2i(MODELS.get("tiny-t2i")))
+    assert out["scenes"] == 120 and out["tokens"] == [0, 149, 501, 936, 1514]
+    assert out["own_colour"][-1] == [0.6203, 0.8243, 0.8451, 0.8235]
+    assert all(abs(v - 0.5) < 0.02 for v in out["own_shape"][-1])
+    assert out["key_norm"] == [0.6837, 0.9944, 1.2601, 1.3405]

@@ -195,8 +195,8 @@ def test_tiny_t2i_recipe_runs_pinned_to_its_isa_and_records_it():
 @pytest.mark.slow
 def test_tiny_t2i_training_loop_records_its_curves():
     """Two steps of the tiny-t2i training loop (random VAE, a small pool): the loss curve and one
-    quality-curve point with the bars, the prompt-sensitivity deltas and the sampled layout agreement,
-    one value per scale each (about 40 s: the probes build their val scenes)."""
+    quality-curve point with the bars, the prompt-sensitivity deltas, the sampled layout agreement and
+    the cross-attention focus, one value per scale each (about 40 s: the probes build their val scenes)."""
     from bench.models.bsq import BSQVAE
     from bench.recipes import tiny_t2i
     from bench.tiny import configs
@@ -208,6 +208,8 @@ def test_tiny_t2i_training_loop_records_its_curves():
     assert point["step"] == 2 and set(tiny_t2i.BARS) <= set(point)
     K = len(configs.T2I_SCHEDULE)
     assert all(len(d) == K for d in point["prompt_sensitivity"].values()) and len(point["layout_agreement"]) == K
+    focus = point["attention_focus"]
+    assert len(focus["own_colour"]) == len(focus["own_shape"]) == K and len(focus["key_norm"]) == configs.TINY_T2I.depth
 
 
 @pytest.mark.parametrize("args, msg", [(["--device", "tpu"], "cpu or cuda"), (["--device", "mps"], "cpu or cuda"),
@@ -215,6 +217,8 @@ def test_tiny_t2i_training_loop_records_its_curves():
                                        (["--background-weight", "0"], "(0, 1]"), (["--background-weight", "1.5"], "(0, 1]"),
                                        (["--eval-every", "-1"], "≥ 0"), (["--time-budget", "0"], "> 0 seconds"),
                                        (["--batch", "0"], "--batch must be ≥ 1, got 0"),
+                                       (["--lr", "0"], "--lr must be a finite number > 0, got 0.0"),
+                                       (["--lr", "inf"], "--lr must be a finite number > 0"),
                                        (["--text-pretrain", "-1"], "--text-pretrain must be ≥ 0 steps, got -1"),
                                        (["--layout-weight", "-0.5"], "--layout-weight must be a finite number ≥ 0"),
                                        (["--layout-weight", "nan"], "--layout-weight must be a finite number ≥ 0"),
@@ -253,6 +257,8 @@ def test_tiny_t2i_passes_steps_and_device_to_the_run(monkeypatch, tmp_path):
     tiny_t2i.main(["--out", str(tmp_path), "--batch", "192", "--time-budget", "300"])
     assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "batch": 192, "time_budget_s": 300.0}
     assert tiny_t2i.T2I_RECIPE["batch"] == 48
+    tiny_t2i.main(["--out", str(tmp_path), "--lr", "3.75e-4"])
+    assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "lr": 3.75e-4} and tiny_t2i.T2I_RECIPE["lr"] == 1.5e-3
     tiny_t2i.main(["--out", str(tmp_path), "--text-pretrain", "500", "--layout-weight", "0.5"])
     assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "text_pretrain": 500, "layout_weight": 0.5}
     tiny_t2i.main(["--out", str(tmp_path), "--coarse-first", "500", "--coarse-scales", "2", "--reweight-by-scale", "1"])

@@ -27,9 +27,19 @@ m = 0 is the model alone, m = K the VAE's reconstruction; where the pass rate cl
 loses the scene. With it, the failure modes of the model alone (colour missing, shape wrong, count
 wrong, relation wrong).
 
-``python -m bench.recipes.t2i_probe [--dir FOLDER] [--layout] [--prefix]`` prints the probe (and the
-layout agreement, the true-prefix quality) of a trained tiny-t2i folder (default: the shipped one, or
-``$VARBENCH_TINY_DIR``).
+Cross-attention focus (``attention_focus``). Where the image tokens of an object look in the prompt:
+on two-object ``val`` scenes (distinct shapes and colours) under teacher forcing with the scene's own
+bits, the tokens whose cell one named object covers (≥ ``FOCUS_COVER`` of its area) and the other not
+at all; per scale and block, of the attention (mean over heads) those tokens put on the two colour
+words, the share on their own object's colour word (``own_colour``), and likewise for the two shape
+words (``own_shape``): 0.5 is no preference, exactly 0.5 for uniform attention. ``key_norm``: the mean
+norm of the text keys per head, per block (keys near 0 make every query's attention uniform: the
+prompt is then read as the mean of its words' values). The binding probe above says whether the
+pairing matters to the model; this says through which words it could.
+
+``python -m bench.recipes.t2i_probe [--dir FOLDER] [--layout] [--prefix] [--attention]`` prints the
+probe (and the layout agreement, the true-prefix quality, the cross-attention focus) of a trained
+tiny-t2i folder (default: the shipped one, or ``$VARBENCH_TINY_DIR``).
 """
 from __future__ import annotations
 
@@ -76,10 +86,15 @@ def _true_bits(vae, imgs_uint8: torch.Tensor, schedule):
 
 
 @functools.lru_cache(maxsize=2)
+def _val_all(pool: int):
+    """(images, prompts, specs, ground truths) of the first ``pool`` val scenes, generated once per
+    process (the probes read the same scenes)."""
+    return scenes.generate(pool, "val")
+
+
 def _val(pool: int):
-    """(images, prompts, specs) of the first ``pool`` val scenes, generated once per process (the probe
-    and the layout agreement read the same scenes)."""
-    return scenes.generate(pool, "val")[:3]
+    """(images, prompts, specs) of the first ``pool`` val scenes."""
+    return _val_all(pool)[:3]
 
 
 @torch.no_grad()
@@ -243,6 +258,104 @@ def prefix_quality(gen, sampling: dict, n: int = 100, pool: int = VAL_POOL, seed
     return out
 
 
+# ---------------------------------------------------------------------------------------- cross-attention
+FOCUS_COVER = 0.15   # an object's token: its cell is at least this much that object, none of the other
+
+
+def object_cells(mask_a, mask_b, hw, cover: float = FOCUS_COVER) -> torch.Tensor:
+    """Indices (row-major in an h×w grid) of the cells that ``mask_a`` covers by at least ``cover`` of
+    their area and ``mask_b`` not at all (masks: bool or float [H, W], numpy or torch)."""
+    a, b = (torch.as_tensor(m).float()[None, None] for m in (mask_a, mask_b))
+    cov_a, cov_b = (torch.nn.functional.adaptive_avg_pool2d(m, tuple(hw)).flatten() for m in (a, b))
+    return ((cov_a >= cover) & (cov_b == 0)).nonzero().flatten()
+
+
+@torch.no_grad()
+def attention_inputs(vae, schedule, n: int = 120, pool: int = VAL_POOL, cover: float = FOCUS_COVER) -> tuple:
+    """(prompts, label bits, teacher-forcing input, cells, word positions) of up to ``n`` two-object
+    scenes (distinct shapes and colours) among the first ``pool`` val scenes: ``cells[j][a][k]`` are
+    the tokens of scale k that belong to object a of scene j (:func:`object_cells`); ``words[j][a]``
+    the positions of object a's colour and shape words in the tokenized prompt."""
+    imgs, prompts, specs, truths = _val_all(pool)
+    sel = [i for i, s in enumerate(specs) if s.task in ("two_object", "color_attr")
+           and s.objects[0].shape != s.objects[1].shape and s.objects[0].colour != s.objects[1].colour][:n]
+    ids, _ = scenes.tokenize([prompts[i] for i in sel])
+    cells, words = [], []
+    for j, i in enumerate(sel):
+        masks = [next(o.mask for o in truths[i].objects if (o.shape, o.colour) == (want.shape, want.colour))
+                 for want in specs[i].objects]
+        cells.append([[object_cells(masks[a], masks[1 - a], hw, cover) for hw in schedule] for a in range(2)])
+        words.append([[int((ids[j] == scenes.WORD_IDS[w]).nonzero()[0]) for w in (o.colour, o.shape)]
+                      for o in specs[i].objects])
+    bits, x = _true_bits(vae, imgs[sel], schedule)
+    return [prompts[i] for i in sel], bits, x, cells, words
+
+
+def cross_attention_probs(ca, q_BLC: torch.Tensor, kv_BTC: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """The attention probabilities [B, H, L, T] of an image cross-attention (``infinity.CrossAttention``)
+    on its inputs: its own queries and text keys, scale 1/√c, padding masked, the official bf16
+    rounding where the module has it."""
+    B, L, _ = q_BLC.shape
+    k_BHTc, _ = ca.text_kv(kv_BTC, mask_BT)
+    q_BHLc = ca.mat_q(q_BLC).view(B, L, ca.H, ca.c).transpose(1, 2)
+    if ca.bf16:
+        q_BHLc = q_BHLc.to(torch.bfloat16).float()
+    s_BHLT = (q_BHLc @ k_BHTc.transpose(-1, -2)) / ca.c ** 0.5
+    return s_BHLT.masked_fill(~mask_BT[:, None, None, :], float("-inf")).softmax(-1)
+
+
+@torch.no_grad()
+def attention_focus(gen, n: int = 120, pool: int = VAL_POOL, inputs: Optional[tuple] = None) -> Dict[str, object]:
+    """The cross-attention focus (module docstring) on up to ``n`` two-object scenes of the first
+    ``pool`` val scenes (or ``inputs`` from :func:`attention_inputs`): ``scenes``; per scale, per block
+    ``own_colour`` and ``own_shape`` (None at a scale where no token belongs to one object alone);
+    per scale ``tokens`` (how many object tokens were averaged); per block ``key_norm``."""
+    prompts, bits, x, cells, words = inputs or attention_inputs(gen.vae, gen.schedule, n, pool)
+    blocks = list(gen.blocks)
+    probs, key_norm = [None] * len(blocks), [None] * len(blocks)
+
+    def hook(bi):
+        def pre(ca, args):
+            q_BLC, kv_BTC, mask_BT = args
+            probs[bi] = cross_attention_probs(ca, q_BLC, kv_BTC, mask_BT).mean(1).cpu()   # [B, L, T]
+            k_BHTc, _ = ca.text_kv(kv_BTC, mask_BT)
+            key_norm[bi] = round(k_BHTc.norm(dim=-1).transpose(1, 2)[mask_BT].mean().item(), 4)
+        return pre
+
+    hooks = [b.ca.register_forward_pre_hook(hook(bi)) for bi, b in enumerate(blocks)]
+    was_training = gen.training
+    gen.eval()
+    try:
+        gen.forward_teacher(*gen.encode_prompts(prompts), bits, x)
+    finally:
+        for h in hooks:
+            h.remove()
+        gen.train(was_training)
+    starts = [0]
+    for h, w in gen.schedule:
+        starts.append(starts[-1] + h * w)
+    own_colour, own_shape, tokens = [], [], []
+    for k in range(len(gen.schedule)):
+        sums = torch.zeros(len(blocks), 4, dtype=torch.float64)   # own colour, own shape, other colour, other shape
+        count = 0
+        for j in range(len(prompts)):
+            for a in range(2):
+                idx = cells[j][a][k]   # may be empty (adds nothing)
+                cols = words[j][a] + words[j][1 - a]
+                for bi, p in enumerate(probs):
+                    sums[bi] += p[j, starts[k] + idx][:, cols].double().sum(0)
+                count += len(idx)
+        tokens.append(count)
+        own_colour.append([_share(s[0], s[2], count) for s in sums])
+        own_shape.append([_share(s[1], s[3], count) for s in sums])
+    return {"scenes": len(prompts), "tokens": tokens, "own_colour": own_colour, "own_shape": own_shape,
+            "key_norm": key_norm}
+
+
+def _share(own: torch.Tensor, other: torch.Tensor, tokens: int) -> Optional[float]:
+    return round((own / (own + other)).item(), 4) if tokens else None
+
+
 def main(argv=None) -> int:
     import argparse
     import json
@@ -259,6 +372,9 @@ def main(argv=None) -> int:
     p.add_argument("--prefix", action="store_true",
                    help="also the quality bars with the true bits of the first m scales, m = 0…K, and the failure "
                         "modes of the model alone (the card's sampling, seed 0, --n scenes per task)")
+    p.add_argument("--attention", action="store_true",
+                   help="also the cross-attention focus: per scale and block, the share of an object's tokens' "
+                        "attention on its own colour and shape words (0.5: no preference), and the key norms")
     a = p.parse_args(argv)
     if a.n < 1:
         p.error(f"--n must be ≥ 1, got {a.n}")
@@ -272,6 +388,8 @@ def main(argv=None) -> int:
         out["layout"] = layout_agreement(gen, sampling, a.n)
     if a.prefix:
         out["prefix"] = prefix_quality(gen, sampling, a.n)
+    if a.attention:
+        out["attention"] = attention_focus(gen, a.n)
     print(json.dumps(out, indent=1))
     return 0
 

@@ -20,7 +20,8 @@ with manifest entries (sha256, recipe, seed, thread count, SIMD level, curves, q
    teacher-forced cross-entropy of held-out scenes rises when the shapes are swapped between the
    colours, or the relation word is flipped) and the layout agreement of sampled position scenes per
    scale (``t2i_probe.layout_agreement``: 0.5 is chance), and whether the text encoder's features carry a
-   position prompt's order (``t2i_layout.relation_probe``: about 1/3 is chance). The text encoder has a word convolution
+   position prompt's order (``t2i_layout.relation_probe``: about 1/3 is chance), and where the object
+   tokens' cross-attention looks (``t2i_probe.attention_focus``, below). The text encoder has a word convolution
    (``TINY_TEXT.conv_kernel`` = 3, ``bench.models.text``): without it the model learned to ignore
    which colour goes with which shape (7,000 steps: swapping shapes raised the 8×8 scale's
    cross-entropy by 0.0002 nats/bit, against 0.024 for replacing both shapes); with it, by 0.0153
@@ -188,13 +189,40 @@ with manifest entries (sha256, recipe, seed, thread count, SIMD level, curves, q
    combination on a GPU at the GPU recipe's batch; it has not run (no GPU lent). The pretraining is a stand-in
    for the pretrained encoders of the paper world (Flan-T5, Qwen2), which arrive knowing word order; the
    head is discarded, so the shipped encoder's class and keys do not change.
+   Cross-attention (``t2i_probe.attention_focus``, ``python -m bench.recipes.t2i_probe --attention``;
+   120 val two-object scenes under teacher forcing; per block, the share of an object's tokens'
+   attention on its own colour word of the two colour words, likewise for the shape words, 0.5 = no
+   preference; the text keys' mean norm per head). The shipped (GPU-recipe) files at the 8×8 scale: own
+   colour 0.62 / 0.82 / 0.85 / 0.82 (blocks 1–4), own shape 0.49–0.51, key norms 0.68 / 0.99 / 1.26 /
+   1.34. An object's tokens find their colour word but not their shape word: the shape reaches them
+   through what the colour word's feature carries (a linear probe on the shipped encoder reads an
+   object's shape from its colour word's feature at 1.00, and from the other colour word's at 0.78–0.82;
+   132 distinct two-object prompts, half held out, 5 splits) and through an even mix of both shape
+   words, which matches the wrong shapes that are the other object's. The full CPU run of the
+   combination attends uniformly: key norms 0.032 / 0.029 / 0.029 / 0.025, every share 0.500 ± 0.0003,
+   i.e. its prompt enters every token as the mean of its words' values, a bag of words. Where that comes
+   from (scratch pilots, 16,384 scenes, peak rate 1.5·10⁻³, key norms 0.50 at initialisation, all shares
+   0.50 there): at batch 48 the keys shrink within the first hundreds of steps whatever the options (per
+   block) — the combination 0.16–0.17 / 0.10–0.11 at steps 300 / 600, its pretraining without the layout
+   loss 0.23–0.26 / 0.11–0.12, the plain recipe (no pretraining) 0.21–0.24 / 0.12–0.15 / 0.10–0.12 at
+   steps 300 / 600 / 900, every share 0.50 ± 0.01 throughout — while at the GPU recipe's batch 192
+   (plain, 2 threads, its 3,200-step schedule) they shrink less and then grow: 0.42–0.47 at step 100,
+   0.56–0.70 at step 200, with own colour at 8×8 0.54–0.58 and 0.60–0.73 (own shape 0.50–0.51). It is
+   the peak rate for the batch: at batch 48 (plain, 6,000-step schedule, one thread each, side by side)
+   a rate of 7.5·10⁻⁴ holds the keys at 0.40–0.44 / 0.38–0.42 (steps 300 / 600; own colour at 8×8
+   0.52–0.57 / 0.50–0.59), and 3.75·10⁻⁴ (1.5·10⁻³ scaled linearly from batch 192 to 48) grows them,
+   0.39–0.43 / 0.57–0.65, with own colour 0.56–0.62 / 0.63–0.72 and own shape 0.51–0.52 in every block
+   at step 600 (the shipped files: 0.49–0.51). Whether the lower rate (``--lr 3.75e-4``) trains the rest
+   of the model as far in 6,000 steps is not measured.
 
    Deviations: the loss averages every token alike (official ``train.sh`` reweights by
    scale); the weights are stored as fp16 (the final quality figures are measured on the stored
    weights).
 3. ``eval`` — the quality bars, measured with the exact scene detector (``bench.data.scenes_detect``)
    on held-out prompts of the ``eval`` split's grammar: single-object shape+colour, two-object both
-   present, counting exact (2–4), position; written into the manifest with the sampling settings.
+   present, counting exact (2–4), position; written into the manifest with the sampling settings and
+   the probes of ``bench.recipes.t2i_probe`` (prompt sensitivity, layout agreement, true prefixes,
+   cross-attention focus).
 
 Each stage runs under its recipe's thread count; the entry records it and the SIMD level.
 
@@ -268,6 +296,8 @@ from bench.models.t2i import T2IGenerator
 from bench.models.text import TinyTextEncoder
 from bench.recipes import t2i_layout
 from bench.recipes.t2i_probe import (
+    attention_focus,
+    attention_inputs,
     layout_agreement,
     layout_inputs,
     prefix_quality,
@@ -438,6 +468,7 @@ def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, sna
     quality_curve: List[dict] = []
     probe_set = probe_inputs(vae, configs.T2I_SCHEDULE) if recipe.get("eval_every") else None
     layout_set = layout_inputs(vae, configs.T2I_SCHEDULE) if recipe.get("eval_every") else None
+    attention_set = attention_inputs(vae, configs.T2I_SCHEDULE) if recipe.get("eval_every") else None
     steps, budget = recipe["steps"], recipe.get("time_budget_s")
     coarse_steps, coarse_scales = int(recipe.get("coarse_first", 0)), int(recipe.get("coarse_scales", COARSE_SCALES))
     if coarse_steps and not 1 <= coarse_scales <= len(configs.T2I_SCHEDULE):
@@ -485,11 +516,15 @@ def train_t2i(vae: BSQVAE, recipe: dict = T2I_RECIPE, progress: bool = True, sna
             probe = {k: v["delta"] for k, v in prompt_sensitivity(gen, inputs=probe_set).items()}
             agree = layout_agreement(gen, dict(TINY_T2I_SAMPLING), inputs=layout_set)["sampled"]
             rel = t2i_layout.relation_probe(text)
+            focus = attention_focus(gen, inputs=attention_set)
+            focus = {k: focus[k] for k in ("own_colour", "own_shape", "key_norm")}
             gen.train()
             quality_curve.append({"step": step + 1, **q, "prompt_sensitivity": probe, "layout_agreement": agree,
-                                  "relation_probe": rel})
+                                  "relation_probe": rel, "attention_focus": focus})
             tqdm.write(f"step {step + 1}: {json.dumps(q)} prompt sensitivity {json.dumps(probe)} "
-                       f"layout agreement {json.dumps(agree)} text relation probe {rel}")
+                       f"layout agreement {json.dumps(agree)} text relation probe {rel} cross-attention at the "
+                       f"last scale: own colour {focus['own_colour'][-1]} own shape {focus['own_shape'][-1]} "
+                       f"key norms {focus['key_norm']}")
         if snapshot is not None and (step + 1) % 500 == 0:
             save_safetensors(inf, snapshot, configs.TINY_T2I.to_dict(), half=True)
             save_safetensors(text, snapshot.with_name(snapshot.name.replace(".safetensors", "_text.safetensors")),
@@ -569,9 +604,11 @@ def run(out: Path, stages=STAGES, progress: bool = True, device: str = "cpu", t2
             probe = prompt_sensitivity(gen)
             layout = layout_agreement(gen, sampling)
             prefix = prefix_quality(gen, sampling, n=EVAL["per_task"], seed=EVAL["seed"])
+            focus = attention_focus(gen)
         set_quality(out, "tiny-t2i", {**q, "per_task": EVAL["per_task"], "seed": EVAL["seed"], "sampling": sampling,
                                       "threads": threads, "device": str(device), "bars": BARS, "met": {t: q[t] >= b for t, b in BARS.items()},
-                                      "prompt_sensitivity": probe, "layout_agreement": layout, "prefix_quality": prefix})
+                                      "prompt_sensitivity": probe, "layout_agreement": layout, "prefix_quality": prefix,
+                                      "attention_focus": focus})
         print("tiny-t2i quality:", json.dumps(q))
         print("prompt sensitivity (cross-entropy increase per scale):",
               json.dumps({k: v["delta"] for k, v in probe.items()}))
@@ -579,6 +616,9 @@ def run(out: Path, stages=STAGES, progress: bool = True, device: str = "cpu", t2
               json.dumps(layout["reference"]), json.dumps(layout["sampled"]))
         print("pass rate with the true bits of the first m scales, m = 0…K (val scenes):",
               json.dumps({t: v["passed"] for t, v in prefix.items()}))
+        print("cross-attention of object tokens at the last scale, per block (share on their own colour word, "
+              "own shape word; 0.5: none), key norms:", json.dumps(focus["own_colour"][-1]),
+              json.dumps(focus["own_shape"][-1]), json.dumps(focus["key_norm"]))
 
 
 def main(argv=None) -> int:
@@ -615,6 +655,10 @@ def main(argv=None) -> int:
                    help=f"rows per training step (default {T2I_RECIPE['batch']}; on one H200 shared by three runs "
                         "a step took 90 ms at 48 rows, 102 ms at 192 and 148 ms at 512; the learning rate and schedule "
                         "stay the recipe's; recorded in the manifest's recipe)")
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"peak learning rate of the transformer and text encoder (default {T2I_RECIPE['lr']:g}, both "
+                        "recipes; warm-up and cosine decay as the recipe; recipe key lr): at 48 rows per step the "
+                        "default shrinks the cross-attention's keys early (module docstring)")
     p.add_argument("--background-weight", type=float, default=None,
                    help="weight in (0, 1] of the loss of tokens whose cell holds no object (default: absent, i.e. 1, "
                         "Infinity's uniform average; recorded in the manifest's recipe)")
@@ -651,6 +695,8 @@ def main(argv=None) -> int:
         p.error(f"--steps must be ≥ 1, got {a.steps}")
     if a.batch is not None and a.batch < 1:
         p.error(f"--batch must be ≥ 1, got {a.batch}")
+    if a.lr is not None and not (a.lr > 0 and math.isfinite(a.lr)):
+        p.error(f"--lr must be a finite number > 0, got {a.lr}")
     if a.time_budget is not None and not a.time_budget > 0:
         p.error(f"--time-budget must be > 0 seconds, got {a.time_budget}")
     if a.eval_every is not None and a.eval_every < 0:
@@ -677,7 +723,7 @@ def main(argv=None) -> int:
                               env={**os.environ, **ISA_ENV[ISA]}).returncode
     overrides = {k: v for k, v in (("steps", a.steps), ("background_weight", a.background_weight),
                                    ("eval_every", a.eval_every), ("time_budget_s", a.time_budget),
-                                   ("batch", a.batch), ("text_pretrain", a.text_pretrain),
+                                   ("batch", a.batch), ("lr", a.lr), ("text_pretrain", a.text_pretrain),
                                    ("layout_weight", a.layout_weight), ("coarse_first", a.coarse_first),
                                    ("coarse_scales", a.coarse_scales), ("reweight_by_scale", a.reweight_by_scale))
                  if v is not None}

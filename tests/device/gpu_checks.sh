@@ -181,7 +181,7 @@ check_t2i() {
         fi
         pids=("${pids[@]:1}")
         rm -f "$out/tiny_bsq.safetensors"   # the shipped file, unchanged (its entry stays in the manifest)
-        grep -E "^(time budget|text layout|step [0-9]+:|tiny-t2i quality)" "$out/log.txt" | sed "s/^/[b$b] /" | tee -a "$LOG"
+        grep -E "^(time budget|text layout|step [0-9]+:|tiny-t2i quality|cross-attention)" "$out/log.txt" | sed "s/^/[b$b] /" | tee -a "$LOG"
         [ -f "$out/manifest.json" ] && run "$PY" -c "import json; e = json.load(open('$out/manifest.json'))['models']['tiny-t2i']; \
 q = e.get('quality', {}); print('batch $b: steps', e['recipe']['steps'], 'train_seconds', e['train_seconds'], 'quality', \
 {k: q.get(k) for k in ('single_object', 'two_object', 'counting', 'position')}, 'met', q.get('met'))"

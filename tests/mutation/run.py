@@ -219,6 +219,9 @@ MODEL_TARGETS = [(m, fn, tests) for m, fns, tests in [
     # the tiny text encoder's layout pretraining (the tiny-t2i recipe's text_pretrain / layout_weight)
     ("bench.recipes.t2i_layout", ["layout_targets", "mean_pool", "LayoutHead.__init__", "LayoutHead.loss",
                                   "pretrain_text", "relation_probe"], ["tests/test_t2i_layout.py"]),
+    # the cross-attention focus probe (where an object's tokens look in the prompt)
+    ("bench.recipes.t2i_probe", ["object_cells", "attention_inputs", "cross_attention_probs", "attention_focus"],
+     ["tests/test_t2i_probe.py"]),
     # the samplers' policy and prefix paths are reached by the token-method, LazyVAR and probe tests
     ("bench.models.t2i", ["T2IGenerator.sample_bits", "_check_leak"], _INF + ["tests/test_token_methods_t2i.py", "tests/test_lazyvar.py",
                                                               "tests/test_t2i_probe.py"]),
