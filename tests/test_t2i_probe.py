@@ -295,3 +295,14 @@ def test_attention_focus_of_the_shipped_files():
     assert out["own_colour"][-1] == [0.6203, 0.8243, 0.8451, 0.8235]
     assert all(abs(v - 0.5) < 0.02 for v in out["own_shape"][-1])
     assert out["key_norm"] == [0.6837, 0.9944, 1.2601, 1.3405]
+
+
+def test_main_names_a_wrong_folder_without_a_traceback(tmp_path, capsys):
+    """``--dir`` that is not a folder, or a folder without the files, is one clear error (argparse's exit 2)."""
+    with pytest.raises(SystemExit) as e:
+        t2i_probe.main(["--dir", str(tmp_path / "nope")])
+    assert e.value.code == 2 and "is not a folder: give the folder that holds the tiny-t2i files" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        t2i_probe.main(["--dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"3 checkpoint file(s) not found in {tmp_path}" in err and "Traceback" not in err

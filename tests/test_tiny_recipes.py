@@ -239,11 +239,46 @@ def test_tiny_t2i_refuses_bad_options_before_training(args, msg, capsys, monkeyp
     assert msg in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("stages, have, msg", [
+    ("eval", [], "stage eval reads {d}/tiny_bsq.safetensors, {d}/tiny_t2i.safetensors, {d}/tiny_t2i_text.safetensors, "
+                 "which are not there: add stage(s) bsq,t2i before it (--stages bsq,t2i,eval), or give --out the folder "
+                 "that has them"),
+    ("t2i,eval", [], "stage t2i reads {d}/tiny_bsq.safetensors, which is not there: add stage(s) bsq before it "
+                     "(--stages bsq,t2i,eval), or give --out the folder that has it"),
+    ("eval", ["bsq", "t2i"], "stage eval reads {d}/tiny_t2i_text.safetensors, which is not there: add stage(s) t2i"),
+    (",", [], "--stages is empty; choose from bsq, t2i, eval")])
+def test_tiny_t2i_refuses_stages_whose_inputs_are_missing(stages, have, msg, tmp_path, capsys, monkeypatch):
+    """A stage that reads a file neither in --out nor made by an earlier requested stage is refused before
+    any training, naming every missing file once and the --stages that would make it."""
+    from bench.recipes import tiny_t2i
+    monkeypatch.setattr(tiny_t2i, "run", lambda *a, **k: pytest.fail("training started"))
+    for key in have:
+        (tmp_path / tiny_t2i.FILES[key]).touch()
+    with pytest.raises(SystemExit):
+        tiny_t2i.main(["--out", str(tmp_path), "--stages", stages])
+    err = capsys.readouterr().err
+    assert msg.format(d=tmp_path) in err and err.count("tiny_bsq.safetensors") <= 1
+
+
+def test_tiny_t2i_refuses_a_file_as_out(tmp_path, capsys, monkeypatch):
+    from bench.recipes import tiny_t2i
+    monkeypatch.setattr(tiny_t2i, "run", lambda *a, **k: pytest.fail("training started"))
+    f = tmp_path / "x.txt"
+    f.write_text("keep")
+    for out in (str(f), " "):
+        with pytest.raises(SystemExit):
+            tiny_t2i.main(["--out", out])
+        assert "give a folder for the checkpoints" in capsys.readouterr().err
+    assert f.read_text() == "keep"
+    assert tiny_t2i.missing_inputs(tmp_path, list(tiny_t2i.STAGES)) == []   # each stage makes the next one's input
+
+
 def test_tiny_t2i_passes_steps_and_device_to_the_run(monkeypatch, tmp_path):
     from bench.recipes import tiny_t2i
     seen = {}
     monkeypatch.setattr(tiny_t2i, "run", lambda out, stages, progress, device, t2i_recipe, recipe_name: seen.update(
         out=out, stages=stages, device=device, recipe=t2i_recipe, name=recipe_name))
+    (tmp_path / tiny_t2i.FILES["bsq"]).touch()   # stage t2i reads the VAE from --out (checked before training)
     assert tiny_t2i.main(["--out", str(tmp_path), "--stages", "t2i", "--steps", "12", "--device", "cpu"]) == 0
     assert seen["recipe"] == {**tiny_t2i.T2I_RECIPE, "steps": 12} and seen["device"] == "cpu"
     assert seen["stages"] == ["t2i"] and tiny_t2i.T2I_RECIPE["steps"] == 6000

@@ -361,6 +361,7 @@ def main(argv=None) -> int:
     import json
     from pathlib import Path
 
+    from bench.checkpoint import CheckpointError
     from bench.recipes.tiny_t2i import load_tiny_t2i
     from bench.resources import tiny_assets_dir
     p = argparse.ArgumentParser(prog="python -m bench.recipes.t2i_probe", description=__doc__,
@@ -379,7 +380,13 @@ def main(argv=None) -> int:
     if a.n < 1:
         p.error(f"--n must be ≥ 1, got {a.n}")
     folder = Path(a.dir) if a.dir else tiny_assets_dir()
-    gen = load_tiny_t2i(folder)
+    if a.dir is not None and not folder.is_dir():
+        p.error(f"--dir {a.dir!r} is not a folder: give the folder that holds the tiny-t2i files "
+                "(tiny_bsq.safetensors, tiny_t2i.safetensors, tiny_t2i_text.safetensors and manifest.json)")
+    try:
+        gen = load_tiny_t2i(folder)
+    except CheckpointError as e:   # missing, corrupt or mismatched files: the reason, without a traceback
+        p.error(str(e))
     out = prompt_sensitivity(gen, a.n)
     if a.layout or a.prefix:
         from bench.registry import MODELS

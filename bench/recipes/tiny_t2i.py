@@ -347,6 +347,8 @@ EVAL = dict(per_task=100, seed=0, threads=2)
 BARS = {"single_object": 0.90, "two_object": 0.60, "counting": 0.40, "position": 0.40}
 FILES = {"bsq": "tiny_bsq.safetensors", "t2i": "tiny_t2i.safetensors", "text": "tiny_t2i_text.safetensors"}
 STAGES = ("bsq", "t2i", "eval")
+STAGE_NEEDS = {"t2i": ("bsq",), "eval": ("bsq", "t2i", "text")}   # FILES keys each stage reads from --out
+STAGE_MAKES = {"bsq": ("bsq",), "t2i": ("t2i", "text"), "eval": ()}
 COARSE_SCALES = 3    # ``coarse_first``: the scales its steps train (1×1, 2×2, 4×4: where the layout is decided)
 BUDGET_PROBE = 100   # ``time_budget_s``: steps timed before the step count is fixed (inside the warm-up)
 ISA = "avx2"   # the SIMD level of ``--isa-pin`` (module docstring: ISA pin)
@@ -645,7 +647,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.recipes.tiny_t2i", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="assets/tiny", help="output folder (default: assets/tiny)")
-    p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
+    p.add_argument("--stages", default=",".join(STAGES),
+                   help=f"comma-separated subset of {','.join(STAGES)}, run in that order; t2i reads the VAE and "
+                        "eval all three files from --out unless an earlier stage of the list makes them")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--isa-pin", action="store_true",
                    help=f"train pinned to {ISA} kernels, reproducible on any x86-64 CPU with {ISA} but about 1.6x "
@@ -701,6 +705,14 @@ def main(argv=None) -> int:
     bad = [s for s in stages if s not in STAGES]
     if bad:
         p.error(f"unknown stage(s) {bad}; choose from {', '.join(STAGES)}")
+    if not stages:
+        p.error(f"--stages is empty; choose from {', '.join(STAGES)} (all of them by default)")
+    out = Path(a.out)
+    if not a.out.strip() or (out.exists() and not out.is_dir()):
+        p.error(f"--out {a.out!r}: give a folder for the checkpoints and their manifest")
+    missing = missing_inputs(out, stages)
+    if missing:
+        p.error("; ".join(missing))
     try:
         device = torch.device(a.device)
     except RuntimeError:
@@ -748,8 +760,25 @@ def main(argv=None) -> int:
                  if v is not None}
     base = T2I_RECIPES[a.recipe]
     recipe = {**base, **overrides} if overrides else base
-    run(Path(a.out), stages, progress=not a.no_progress, device=str(device), t2i_recipe=recipe, recipe_name=a.recipe)
+    run(out, stages, progress=not a.no_progress, device=str(device), t2i_recipe=recipe, recipe_name=a.recipe)
     return 0
+
+
+def missing_inputs(out: Path, stages) -> List[str]:
+    """What the requested stages would read from ``out`` that neither exists nor is made by an earlier
+    requested stage, in ``STAGES`` order (checked before any training, which takes minutes to hours)."""
+    problems, made = [], set()
+    for stage in (s for s in STAGES if s in stages):   # the order `run` runs them in
+        absent = [f for f in STAGE_NEEDS.get(stage, ()) if f not in made and not (out / FILES[f]).is_file()]
+        made.update(STAGE_MAKES[stage], absent)   # a file is named once, at the first stage that reads it
+        if absent:
+            makers = [s for s in STAGES if any(f in STAGE_MAKES[s] for f in absent)]
+            fix = [s for s in STAGES if s in makers or s in stages]
+            problems.append(f"stage {stage} reads {', '.join(str(out / FILES[f]) for f in absent)}, which "
+                            f"{'is' if len(absent) == 1 else 'are'} not there: add stage(s) {','.join(makers)} "
+                            f"before it (--stages {','.join(fix)}), or give --out the folder that has "
+                            f"{'it' if len(absent) == 1 else 'them'}")
+    return problems
 
 
 if __name__ == "__main__":
