@@ -108,17 +108,17 @@ def test_train_tiny_refuses_what_it_could_not_finish_before_training(tmp_path, c
     monkeypatch.setattr(train, "run", lambda *a, **k: pytest.fail("training started"))
     (tmp_path / "f").write_text("")
     out = tmp_path / "o"
-    for argv, msg in [(["--stages", ""], "--stages is empty; choose from vqvae, cnn, var, eval"),
+    for argv, msg in [(["--stages", ""], "--stages is empty; choose from vqvae, cnn, var, eval (all of them by default)"),
+                      (["--stages", "vqvae,bsq"], "error: unknown stage(s) ['bsq']; choose from vqvae, cnn, var, eval\n"),
                       (["--stages", ","], "--stages is empty"),
                       (["--out", str(tmp_path / "f")], f"--out '{tmp_path / 'f'}': give a folder"),
                       (["--out", str(out), "--stages", "var"],
-                       f"stage var reads {out / 'tiny_vqvae.safetensors'}, which is not there: add stage(s) vqvae "
-                       f"before it (--stages vqvae,var)"),
+                       f"stage var reads {out / 'tiny_vqvae.safetensors'}: it is not there; add stage(s) vqvae "
+                       f"(--stages vqvae,var), or give --out the folder that has it"),
                       (["--out", str(out), "--stages", "eval,var"],   # trained in STAGES order: var before eval
-                       f"stage var reads {out / 'tiny_vqvae.safetensors'}, which is not there: add stage(s) vqvae "
-                       f"before it (--stages vqvae,var); stage eval reads {out / 'tiny_vqvae.safetensors'}, "
-                       f"{out / 'feature_cnn.safetensors'}, which are not there: add stage(s) vqvae,cnn before it "
-                       f"(--stages vqvae,cnn,eval)")]:
+                       f"stage var reads {out / 'tiny_vqvae.safetensors'}; stage eval reads "
+                       f"{out / 'feature_cnn.safetensors'}: they are not there; add stage(s) vqvae,cnn "
+                       f"(--stages vqvae,cnn,var,eval), or give --out the folder that has them")]:
         with pytest.raises(SystemExit) as e:
             train.main(argv)
         assert e.value.code == 2 and msg in capsys.readouterr().err
@@ -240,12 +240,13 @@ def test_tiny_t2i_refuses_bad_options_before_training(args, msg, capsys, monkeyp
 
 
 @pytest.mark.parametrize("stages, have, msg", [
-    ("eval", [], "stage eval reads {d}/tiny_bsq.safetensors, {d}/tiny_t2i.safetensors, {d}/tiny_t2i_text.safetensors, "
-                 "which are not there: add stage(s) bsq,t2i before it (--stages bsq,t2i,eval), or give --out the folder "
-                 "that has them"),
-    ("t2i,eval", [], "stage t2i reads {d}/tiny_bsq.safetensors, which is not there: add stage(s) bsq before it "
+    ("eval", [], "stage eval reads {d}/tiny_bsq.safetensors, {d}/tiny_t2i.safetensors, {d}/tiny_t2i_text.safetensors: "
+                 "they are not there; add stage(s) bsq,t2i (--stages bsq,t2i,eval), or give --out the folder that "
+                 "has them"),
+    ("t2i,eval", [], "stage t2i reads {d}/tiny_bsq.safetensors: it is not there; add stage(s) bsq "
                      "(--stages bsq,t2i,eval), or give --out the folder that has it"),
-    ("eval", ["bsq", "t2i"], "stage eval reads {d}/tiny_t2i_text.safetensors, which is not there: add stage(s) t2i"),
+    ("eval", ["bsq", "t2i"], "stage eval reads {d}/tiny_t2i_text.safetensors: it is not there; add stage(s) t2i "
+                             "(--stages t2i,eval)"),
     (",", [], "--stages is empty; choose from bsq, t2i, eval")])
 def test_tiny_t2i_refuses_stages_whose_inputs_are_missing(stages, have, msg, tmp_path, capsys, monkeypatch):
     """A stage that reads a file neither in --out nor made by an earlier requested stage is refused before
@@ -270,7 +271,8 @@ def test_tiny_t2i_refuses_a_file_as_out(tmp_path, capsys, monkeypatch):
             tiny_t2i.main(["--out", out])
         assert "give a folder for the checkpoints" in capsys.readouterr().err
     assert f.read_text() == "keep"
-    assert tiny_t2i.missing_inputs(tmp_path, list(tiny_t2i.STAGES)) == []   # each stage makes the next one's input
+    assert train.missing_inputs(tmp_path, tiny_t2i.STAGES, tiny_t2i.STAGES, tiny_t2i.STAGE_NEEDS, tiny_t2i.STAGE_MAKES,
+                                tiny_t2i.FILES) is None   # each stage makes the next one's inputs
 
 
 def test_tiny_t2i_passes_steps_and_device_to_the_run(monkeypatch, tmp_path):

@@ -291,12 +291,14 @@ def attention_inputs(vae, schedule, n: int = 120, pool: int = VAL_POOL, cover: f
     return [prompts[i] for i in sel], bits, x, cells, words
 
 
-def cross_attention_probs(ca, q_BLC: torch.Tensor, kv_BTC: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+def cross_attention_probs(ca, q_BLC: torch.Tensor, kv_BTC: torch.Tensor, mask_BT: torch.Tensor,
+                          k_BHTc: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The attention probabilities [B, H, L, T] of an image cross-attention (``infinity.CrossAttention``)
-    on its inputs: its own queries and text keys, scale 1/√c, padding masked, the official bf16
-    rounding where the module has it."""
+    on its inputs: its own queries and text keys (``k_BHTc``: those keys, when the caller has them from
+    ``ca.text_kv``), scale 1/√c, padding masked, the official bf16 rounding where the module has it."""
     B, L, _ = q_BLC.shape
-    k_BHTc, _ = ca.text_kv(kv_BTC, mask_BT)
+    if k_BHTc is None:
+        k_BHTc, _ = ca.text_kv(kv_BTC, mask_BT)
     q_BHLc = ca.mat_q(q_BLC).view(B, L, ca.H, ca.c).transpose(1, 2)
     if ca.bf16:
         q_BHLc = q_BHLc.to(torch.bfloat16).float()
@@ -317,8 +319,8 @@ def attention_focus(gen, n: int = 120, pool: int = VAL_POOL, inputs: Optional[tu
     def hook(bi):
         def pre(ca, args):
             q_BLC, kv_BTC, mask_BT = args
-            probs[bi] = cross_attention_probs(ca, q_BLC, kv_BTC, mask_BT).mean(1).cpu()   # [B, L, T]
             k_BHTc, _ = ca.text_kv(kv_BTC, mask_BT)
+            probs[bi] = cross_attention_probs(ca, q_BLC, kv_BTC, mask_BT, k_BHTc).mean(1).cpu()   # [B, L, T]
             key_norm[bi] = round(k_BHTc.norm(dim=-1).transpose(1, 2)[mask_BT].mean().item(), 4)
         return pre
 

@@ -238,7 +238,8 @@ def set_quality(out: Path, name: str, quality: dict) -> None:
 STAGES = ("vqvae", "cnn", "var", "eval")
 # what a stage reads from --out: made by an earlier stage of the same call, or already there
 STAGE_FILES = {"vqvae": "tiny_vqvae.safetensors", "cnn": "feature_cnn.safetensors", "var": "tiny_var.safetensors"}
-STAGE_NEEDS = {"var": ("vqvae",), "eval": ("vqvae", "cnn", "var")}
+STAGE_NEEDS = {"var": ("vqvae",), "eval": ("vqvae", "cnn", "var")}   # STAGE_FILES keys each stage reads
+STAGE_MAKES = {"vqvae": ("vqvae",), "cnn": ("cnn",), "var": ("var",)}
 
 
 def load_tiny_vae(out: Path) -> VQVAE:
@@ -411,35 +412,50 @@ def main(argv=None) -> int:
                 p.error(f"--stage-job runs {stage} only under the ISA_ENV of its stage")
             fn(Path(job["out"]), **kwargs)
         return 0
-    stages = [s.strip() for s in a.stages.split(",") if s.strip()]
-    bad = [s for s in stages if s not in STAGES]
-    if bad:
-        p.error(f"unknown stage(s) {bad}; choose from {', '.join(STAGES)}")
-    if not stages:
-        p.error(f"--stages is empty; choose from {', '.join(STAGES)} (all of them by default)")
-    out = Path(a.out)
-    if not a.out.strip() or (out.exists() and not out.is_dir()):
-        p.error(f"--out {a.out!r}: give a folder for the checkpoints and their manifest")
-    missing = missing_inputs(out, stages)
-    if missing:
-        p.error("; ".join(missing))
+    stages, out = checked_stages(p, a.stages, a.out, STAGES, STAGE_NEEDS, STAGE_MAKES, STAGE_FILES)
     run(out, stages, progress=not a.no_progress, isa_pin=not a.no_isa_pin)
     return 0
 
 
-def missing_inputs(out: Path, stages) -> List[str]:
-    """What the requested stages would read from ``out`` that neither exists nor is made by an earlier
-    requested stage, in ``STAGES`` order (checked before any training, which takes minutes to hours)."""
-    problems, made = [], set()
-    for stage in (s for s in STAGES if s in stages):   # the order `run` trains them in
-        absent = [need for need in STAGE_NEEDS.get(stage, ())
-                  if need not in made and not (out / STAGE_FILES[need]).is_file()]
-        made.add(stage)
-        if absent:
-            problems.append(f"stage {stage} reads {', '.join(str(out / STAGE_FILES[n]) for n in absent)}, which "
-                            f"{'is' if len(absent) == 1 else 'are'} not there: add stage(s) "
-                            f"{','.join(absent)} before it (--stages {','.join(absent + [stage])})")
-    return problems
+def checked_stages(p, stages_arg: str, out_arg: str, order, needs, makes, files) -> Tuple[List[str], Path]:
+    """A recipe command's ``--stages`` and ``--out`` (this one's and ``tiny_t2i``'s), refused through the
+    parser ``p`` before any folder, data or child process is made: unknown stages, none, a file or blank
+    ``--out``, and inputs that are missing (:func:`missing_inputs`)."""
+    stages = [s.strip() for s in stages_arg.split(",") if s.strip()]
+    bad = [s for s in stages if s not in order]
+    if bad:
+        p.error(f"unknown stage(s) {bad}; choose from {', '.join(order)}")
+    if not stages:
+        p.error(f"--stages is empty; choose from {', '.join(order)} (all of them by default)")
+    out = Path(out_arg)
+    if not out_arg.strip() or (out.exists() and not out.is_dir()):
+        p.error(f"--out {out_arg!r}: give a folder for the checkpoints and their manifest")
+    missing = missing_inputs(out, stages, order, needs, makes, files)
+    if missing:
+        p.error(missing)
+    return stages, out
+
+
+def missing_inputs(out: Path, stages, order=STAGES, needs=STAGE_NEEDS, makes=STAGE_MAKES,
+                   files=STAGE_FILES) -> Optional[str]:
+    """What the requested ``stages`` would read from ``out`` (``needs``: stage → keys of ``files``) that
+    neither exists nor is made (``makes``) by an earlier requested stage in ``order``, the order the
+    stages run in; each file named once, with the stages that make them (checked before any training,
+    which takes minutes to hours). None when nothing is missing."""
+    reads, made, absent = [], set(), []
+    for stage in (s for s in order if s in stages):
+        miss = [f for f in needs.get(stage, ()) if f not in made and not (out / files[f]).is_file()]
+        made.update(makes.get(stage, ()), miss)
+        if miss:
+            reads.append(f"stage {stage} reads {', '.join(str(out / files[f]) for f in miss)}")
+            absent += miss
+    if not absent:
+        return None
+    makers = [s for s in order if set(makes.get(s, ())) & set(absent)]
+    one = len(absent) == 1
+    return (f"{'; '.join(reads)}: {'it is' if one else 'they are'} not there; add stage(s) {','.join(makers)} "
+            f"(--stages {','.join(s for s in order if s in makers or s in stages)}), or give --out the folder "
+            f"that has {'it' if one else 'them'}")
 
 
 if __name__ == "__main__":

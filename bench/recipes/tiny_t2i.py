@@ -326,6 +326,7 @@ from bench.recipes.t2i_probe import (
 from bench.recipes.tiny import (
     ISA_ENV,
     _lr,
+    checked_stages,
     isa_pinned,
     pinned_threads,
     psnr,
@@ -701,18 +702,7 @@ def main(argv=None) -> int:
                    help="1: Infinity's --reweight_loss_by_scale (a token of scale k weighs √(h_K·w_K / h_k·w_k)); "
                         "recipe key reweight_by_scale (default: the recipe's)")
     a = p.parse_args(argv)
-    stages = [s.strip() for s in a.stages.split(",") if s.strip()]
-    bad = [s for s in stages if s not in STAGES]
-    if bad:
-        p.error(f"unknown stage(s) {bad}; choose from {', '.join(STAGES)}")
-    if not stages:
-        p.error(f"--stages is empty; choose from {', '.join(STAGES)} (all of them by default)")
-    out = Path(a.out)
-    if not a.out.strip() or (out.exists() and not out.is_dir()):
-        p.error(f"--out {a.out!r}: give a folder for the checkpoints and their manifest")
-    missing = missing_inputs(out, stages)
-    if missing:
-        p.error("; ".join(missing))
+    stages, out = checked_stages(p, a.stages, a.out, STAGES, STAGE_NEEDS, STAGE_MAKES, FILES)
     try:
         device = torch.device(a.device)
     except RuntimeError:
@@ -762,23 +752,6 @@ def main(argv=None) -> int:
     recipe = {**base, **overrides} if overrides else base
     run(out, stages, progress=not a.no_progress, device=str(device), t2i_recipe=recipe, recipe_name=a.recipe)
     return 0
-
-
-def missing_inputs(out: Path, stages) -> List[str]:
-    """What the requested stages would read from ``out`` that neither exists nor is made by an earlier
-    requested stage, in ``STAGES`` order (checked before any training, which takes minutes to hours)."""
-    problems, made = [], set()
-    for stage in (s for s in STAGES if s in stages):   # the order `run` runs them in
-        absent = [f for f in STAGE_NEEDS.get(stage, ()) if f not in made and not (out / FILES[f]).is_file()]
-        made.update(STAGE_MAKES[stage], absent)   # a file is named once, at the first stage that reads it
-        if absent:
-            makers = [s for s in STAGES if any(f in STAGE_MAKES[s] for f in absent)]
-            fix = [s for s in STAGES if s in makers or s in stages]
-            problems.append(f"stage {stage} reads {', '.join(str(out / FILES[f]) for f in absent)}, which "
-                            f"{'is' if len(absent) == 1 else 'are'} not there: add stage(s) {','.join(makers)} "
-                            f"before it (--stages {','.join(fix)}), or give --out the folder that has "
-                            f"{'it' if len(absent) == 1 else 'them'}")
-    return problems
 
 
 if __name__ == "__main__":
